@@ -1,0 +1,3 @@
+from hpcrl.cli import main
+
+raise SystemExit(main())

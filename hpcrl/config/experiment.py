@@ -1,0 +1,43 @@
+"""The whole experiment: one dataclass composed of the components' own configs.
+
+Each component owns its config (and its defaults); this module only composes them, so every default
+has exactly one home. Templates (YAML) are validated against `ExperimentConfig` by jsonargparse.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hpcrl.ckpt.config import CheckpointConfig
+from hpcrl.data.config import DataConfig
+from hpcrl.dist.config import ParallelConfig
+from hpcrl.launcher.config import ClusterConfig
+from hpcrl.metrics.config import LoggingConfig
+from hpcrl.rewards.config import RewardConfig
+from hpcrl.rl.config import AlgorithmConfig
+from hpcrl.rollout.config import RolloutConfig
+from hpcrl.train.config import ModelConfig, OptimizerConfig
+
+
+@dataclass(kw_only=True)
+class ExperimentConfig:
+    """One resolved experiment = one array element."""
+
+    name: str = "experiment"
+    """Human name; run directories are <run_root>/<name>/<config id>."""
+    seed: int = 0
+    """Global seed (sampling, data order, dropout)."""
+    run_root: str = "runs"
+    """Where run directories are created (relative to the working directory)."""
+    entrypoint: str = "hpcrl.rl.job:main"
+    """`module:function` every rank of an element calls with (ExperimentConfig, run_dir: Path)."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    optim: OptimizerConfig = field(default_factory=OptimizerConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)

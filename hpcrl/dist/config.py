@@ -1,0 +1,34 @@
+"""The parallel layout a job asks for (HybridFlow notation in brackets)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(kw_only=True)
+class ParallelConfig:
+    """Training layout p-t-d and generation layout p_g-t_g-d_g-d (HybridFlow §5).
+
+    world = pipeline * tensor * data must equal the ranks of the job (nodes * tasks_per_node).
+    The micro-DP size d_g = (tensor * pipeline) / (rollout_tensor * rollout_pipeline) is derived.
+    """
+
+    tensor: int = 1
+    """Training tensor-parallel size [t]."""
+    pipeline: int = 1
+    """Training pipeline-parallel size [p]."""
+    data: int = 1
+    """Training data-parallel size [d]."""
+    rollout_tensor: int = 1
+    """Generation tensor-parallel size [t_g]; must divide `tensor`."""
+    rollout_pipeline: int = 1
+    """Generation pipeline-parallel size [p_g]; must divide `pipeline`."""
+    backend: Literal["auto", "nccl", "gloo"] = "auto"
+    """torch.distributed backend; auto = nccl when CUDA is present, else gloo."""
+    timeout_s: float = 300.0
+    """Collective timeout: a dead peer becomes an error naming the group, not a hang."""
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor * self.pipeline * self.data

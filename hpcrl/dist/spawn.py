@@ -1,0 +1,112 @@
+"""Run a function on N local ranks that form a real torch.distributed group (gloo on CPU).
+
+Used by tests, benchmarks and the local executor's multi-rank runs. Each rank is a spawned process
+(no fork: megatron/torch state must not leak between ranks); results come back pickled as bytes by
+the standard pickler, so a rank may exit before the parent reads its tensors.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import queue
+import socket
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+
+class RankFailed(RuntimeError):
+    """A rank raised; the message holds its traceback."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _rank_main(
+    fn: Callable[..., Any],
+    rank: int,
+    world_size: int,
+    port: int,
+    backend: str,
+    timeout_s: float,
+    args: tuple,
+    results: mp.Queue,
+) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+    )
+    try:
+        dist.init_process_group(
+            backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+            timeout=timedelta(seconds=timeout_s),
+        )
+        try:
+            value = fn(rank, world_size, *args)
+        finally:
+            dist.destroy_process_group()
+        results.put((rank, True, pickle.dumps(value)))
+    except BaseException:
+        results.put((rank, False, traceback.format_exc()))
+
+
+def run_ranks(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    backend: str = "gloo",
+    timeout_s: float = 180.0,
+    collective_timeout_s: float = 60.0,
+) -> list[Any]:
+    """Call `fn(rank, world_size, *args)` on `world_size` spawned ranks; return their results by rank.
+
+    `fn` must be importable (module level). Raises RankFailed with the first failing rank's traceback,
+    or TimeoutError naming the ranks that did not report within `timeout_s`.
+    """
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [
+        ctx.Process(
+            target=_rank_main,
+            args=(fn, rank, world_size, port, backend, collective_timeout_s, args, results),
+            daemon=False,
+        )
+        for rank in range(world_size)
+    ]
+    for proc in procs:
+        proc.start()
+    collected: dict[int, Any] = {}
+    failures: dict[int, str] = {}
+    try:
+        while len(collected) + len(failures) < world_size:
+            try:
+                rank, ok, payload = results.get(timeout=timeout_s)
+            except queue.Empty:
+                missing = sorted(set(range(world_size)) - collected.keys() - failures.keys())
+                raise TimeoutError(f"ranks {missing} did not finish within {timeout_s}s") from None
+            if ok:
+                collected[rank] = pickle.loads(payload)
+            else:
+                failures[rank] = payload
+                break  # peers of a failed rank may block in a collective until their timeout
+    finally:
+        for proc in procs:
+            proc.join(timeout=5 if failures else collective_timeout_s)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+    if failures:
+        rank = min(failures)
+        raise RankFailed(f"rank {rank} of {world_size} failed:\n{failures[rank]}")
+    return [collected[rank] for rank in range(world_size)]

@@ -1,0 +1,52 @@
+"""Config owned by the launcher: where and how an experiment's array elements run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass(kw_only=True)
+class ClusterConfig:
+    """Executor and Slurm resources of ONE array element. A profile in slurm/profiles/ fills defaults."""
+
+    executor: Literal["local", "slurm"] = "local"
+    """local: run on this machine (no Slurm); slurm: one array job per sweep through submitit."""
+    profile: str | None = None
+    """Cluster profile name (slurm/profiles/<name>.yaml) whose values are defaults for this section."""
+    partition: str | None = None
+    """Slurm partition."""
+    account: str | None = None
+    """Slurm account."""
+    qos: str | None = None
+    """Slurm QOS."""
+    nodes: int = 1
+    """Nodes per array element."""
+    tasks_per_node: int = 1
+    """Ranks per node (one per GPU on GPU clusters)."""
+    gpus_per_node: int = 0
+    """GPUs per node (--gpus-per-node)."""
+    gres: str | None = None
+    """Explicit --gres (e.g. gpu:a100:8); overrides gpus_per_node when set."""
+    cpus_per_task: int = 1
+    """CPUs per rank."""
+    mem_gb: float | None = None
+    """Memory per node in GB (None: cluster default)."""
+    time_min: int = 60
+    """Wall-clock limit of one element, minutes."""
+    constraint: str | None = None
+    """--constraint (e.g. a100&ib)."""
+    exclusive: bool = False
+    """Whole nodes."""
+    array_parallelism: int = 64
+    """Array elements running at once (%N)."""
+    signal_delay_s: int = 90
+    """Seconds before the time limit at which USR1 asks the job to checkpoint and requeue."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment of every rank (e.g. NCCL_IB_HCA); values are quoted, never interpreted by a shell."""
+    modules: list[str] = field(default_factory=list)
+    """`module load` names run before the job."""
+    container: str | None = None
+    """Container image for srun --container-image (pyxis), if any."""
+    setup: list[str] = field(default_factory=list)
+    """Extra trusted shell lines from the profile, run before the job (never from sweep values)."""

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Create .venv and install hpcrl into it (sourced by quickstart.sh and test.sh).
+# On a machine without CUDA, torch==2.13.0 (CPU build) is installed first so that no resolver pulls a
+# multi-GB CUDA build; on a GPU machine pip's default torch wheel is used.
+# Usage: source launch/setup_env.sh [extras]   e.g. `source launch/setup_env.sh dev`
+set -euo pipefail
+HPCRL_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+HPCRL_VENV="${HPCRL_VENV:-$HPCRL_ROOT/.venv}"
+extras="${1:-}"
+if [ ! -x "$HPCRL_VENV/bin/python" ]; then
+  python3 -m venv "$HPCRL_VENV"
+fi
+# shellcheck disable=SC1091
+source "$HPCRL_VENV/bin/activate"
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+if ! python -c "import torch" 2>/dev/null; then
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    pip install -q "torch>=2.4,<2.15"
+  else
+    pip install -q "torch==2.13.0"
+  fi
+fi
+target="$HPCRL_ROOT"
+[ -n "$extras" ] && target="$HPCRL_ROOT[$extras]"
+pip install -q -e "$target" 2>&1 | grep -v -E "^WARNING: (Location|Skipping)" || true
+python -c "import hpcrl" || { echo "setup_env: hpcrl failed to install into $HPCRL_VENV" >&2; exit 1; }
