@@ -27,3 +27,22 @@ def pytest_collection_modifyitems(config, items):
 def _one_thread_per_test_process(monkeypatch):
     """2-core machines: keep OpenMP threads from oversubscribing when ranks run beside the test."""
     monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """The running dev Slurm cluster (tests/slurm/cluster.py: SlurmCluster) with SLURM_CONF exported.
+
+    Absent cluster: pytest.fail when HPCRL_REQUIRE_SLURM=1 (CI, launch/test.sh), else skip.
+    """
+    from tests.slurm.cluster import ClusterAbsent, SlurmCluster
+
+    try:
+        cluster = SlurmCluster.load()
+    except ClusterAbsent as err:
+        if os.environ.get("HPCRL_REQUIRE_SLURM") == "1":
+            pytest.fail(f"HPCRL_REQUIRE_SLURM=1 but the dev Slurm cluster is absent: {err}", pytrace=False)
+        pytest.skip(f"dev Slurm cluster not running: {err}")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SLURM_CONF", str(cluster.slurm_conf))
+        yield cluster

@@ -1,0 +1,54 @@
+# PID bookkeeping shared by start.sh and stop.sh (sourced, not run).
+# A record <run>/<name>.pid holds "<pid> <start time>": the start time (field 22 of /proc/<pid>/stat)
+# tells our daemon from an unrelated process that reused its PID, so stop never kills a stranger.
+
+proc_start_time() {  # proc_start_time <pid>: prints the start time, fails if gone or a zombie
+  local stat rest
+  stat="$(cat "/proc/$1/stat" 2>/dev/null)" || return 1
+  rest="${stat##*) }"  # fields after "(comm)", which may itself hold spaces
+  # shellcheck disable=SC2086
+  set -- $rest
+  [ "$1" != "Z" ] && [ "$1" != "X" ] || return 1
+  echo "${20}"
+}
+
+record_pid() {  # record_pid <run dir> <name> <pid>
+  local start
+  start="$(proc_start_time "$3")" || start=unknown
+  echo "$3 $start" >"$1/$2.pid"
+}
+
+recorded_pid_alive() {  # recorded_pid_alive <run dir> <name>
+  local pid start now
+  [ -f "$1/$2.pid" ] || return 1
+  read -r pid start <"$1/$2.pid" || return 1
+  now="$(proc_start_time "$pid")" || return 1
+  [ "$start" = unknown ] || [ "$now" = "$start" ]
+}
+
+recorded_names() {  # recorded_names <run dir>: names of all records
+  local file
+  for file in "$1"/*.pid; do
+    [ -e "$file" ] || continue
+    case "$file" in *.daemon.pid) continue ;; esac  # the daemons' own PID files, not our records
+    file="${file##*/}"
+    echo "${file%.pid}"
+  done
+}
+
+recorded_pids_all_alive() {  # all records alive, and at least one record
+  local name found=0
+  for name in $(recorded_names "$1"); do
+    found=1
+    recorded_pid_alive "$1" "$name" || return 1
+  done
+  [ "$found" -eq 1 ]
+}
+
+any_recorded_pid_alive() {
+  local name
+  for name in $(recorded_names "$1"); do
+    recorded_pid_alive "$1" "$name" && return 0
+  done
+  return 1
+}
