@@ -1,0 +1,273 @@
+"""The training worker the RL driver calls: one model (actor, critic or reference) on one rank.
+
+    trainer = build_policy_trainer(model_cfg, optim_cfg, groups)     # actor (reference: optim_cfg=None)
+    critic  = build_value_trainer(model_cfg, optim_cfg, groups)      # critic (ScalarHead)
+    out = trainer.forward(batch)             # HeadOutputs: logprobs_BT, entropy_BT (or values_BT), no grad
+    metrics = trainer.update(batch, loss_fn) # one optimizer step over the whole batch
+
+`batch` is this DP rank's share (the worker group splits the global batch by `groups.dp_rank`).
+Every rank of the TP x PP block gets the same forward outputs and the same metrics back.
+
+Loss contract: `loss_fn(outputs: HeadOutputs, mb: TrainBatch) -> (loss, metrics)` is called once per
+micro-batch on the last pipeline stage. `loss` is that micro-batch's CONTRIBUTION to the global loss,
+normalised with the global counts the trainer puts on `mb` (`mb.token_mean(x_BT)`, `mb.seq_mean(x_B)`),
+so that sum over micro-batches and DP ranks = the loss of the whole batch. Gradients are then summed
+(not averaged) over micro-batches and DP ranks, which makes the result independent of micro-batching
+and DP size (1x4 == 4x1, d=1 == d=2). `metrics` values (floats or 0-d tensors) are averaged over
+micro-batches and DP ranks; the returned "loss" is the global loss and "grad_norm" the pre-clip norm.
+A non-finite grad norm (NaN/inf loss or reward upstream) skips the optimizer step on every rank, logs a
+warning and returns "update_skipped_nonfinite" = 1.0 (else 0.0): never a silent wrong update.
+
+Update step: zero grads -> micro-batches through the pipeline (hpcrl.train.pipeline) with gradient
+accumulation -> tied-embedding grad all-reduce across first/last stage -> DP all-reduce (one flat
+buffer) -> global grad-norm over TP x PP (each parameter counted once) -> clip -> torch AdamW step.
+The optimizer is plain torch AdamW on every device (megatron's optimizer/DDP hard-code CUDA and are not
+used; see FACTS).
+
+Public: `Trainer`, `build_policy_trainer`, `build_value_trainer`, `grad_norm`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+import torch.distributed as dist
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from hpcrl.train import hf_convert
+from hpcrl.train.batch import TrainBatch
+from hpcrl.train.config import ModelConfig, OptimizerConfig
+from hpcrl.train.logprobs import HeadOutputs, PolicyHead, ValueHead
+from hpcrl.train.model import (
+    _DTYPES,
+    TrainGroups,
+    build_gpt_model,
+    build_model_from_hf,
+    gather_full_state_dict,
+    is_tied,
+    named_global_params,
+)
+from hpcrl.train.pipeline import LossFn, run_micro_batch
+
+log = logging.getLogger(__name__)
+
+
+class Trainer:
+    """Forward and update of one GPTModel shard; `head` turns the model output into HeadOutputs."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        model_cfg: ModelConfig,
+        groups: TrainGroups,
+        head: PolicyHead | ValueHead,
+        *,
+        optim_cfg: OptimizerConfig | None,
+        lr: float | None = None,
+    ):
+        self.model, self.model_cfg, self.groups, self.head = model, model_cfg, groups, head
+        self.optim_cfg = optim_cfg
+        self.micro_batch_size = optim_cfg.micro_batch_size if optim_cfg else 8
+        self.optimizer = None
+        if optim_cfg is not None:
+            self.optimizer = torch.optim.AdamW(
+                [p for p in model.parameters() if p.requires_grad],
+                lr=lr if lr is not None else optim_cfg.lr,
+                betas=tuple(optim_cfg.betas),
+                eps=optim_cfg.eps,
+                weight_decay=optim_cfg.weight_decay,
+            )
+        self._dtype = _DTYPES[model_cfg.dtype]
+        self._device = next(model.parameters()).device
+
+    # ----------------------------------------------------------------------------------------------- forward
+    @torch.no_grad()
+    def forward(self, batch: TrainBatch, micro_batch_size: int | None = None) -> HeadOutputs:
+        """Head outputs for this DP rank's batch ([B, T] each, aligned to tokens), on every rank of the block."""
+        self.model.eval()
+        batch = batch.to(self._device)
+        parts: list[HeadOutputs] = []
+        for mb in batch.micro_batches(micro_batch_size or self.micro_batch_size):
+            outputs, _, _ = run_micro_batch(
+                self.model,
+                mb,
+                self.groups,
+                self.head,
+                hidden_size=self.model_cfg.hidden_size,
+                dtype=self._dtype,
+            )
+            parts.append(outputs)
+        return self._broadcast_from_last_stage(parts, batch.input_ids_BT.shape)
+
+    def _broadcast_from_last_stage(self, parts: list[HeadOutputs | None], shape_BT) -> HeadOutputs:
+        keys = self.head.keys
+        if self.groups.is_last_stage:
+            merged = {k: torch.cat([getattr(p, k) for p in parts]).float().contiguous() for k in keys}
+        else:
+            merged = {k: torch.empty(shape_BT, dtype=torch.float32, device=self._device) for k in keys}
+        if self.groups.pipeline > 1:
+            src = self.groups.rank_of(self.groups.tp_rank, self.groups.pipeline - 1, self.groups.dp_rank)
+            for k in keys:
+                dist.broadcast(merged[k], src=src, group=self.groups.pp)
+        return HeadOutputs(**merged)
+
+    # ------------------------------------------------------------------------------------------------ update
+    def update(
+        self, batch: TrainBatch, loss_fn: LossFn, micro_batch_size: int | None = None
+    ) -> dict[str, float]:
+        """One optimizer step over this DP rank's batch (all DP ranks call it together)."""
+        if self.optimizer is None:
+            raise RuntimeError(
+                "this trainer has no optimizer (built with optim_cfg=None, e.g. a reference model)"
+            )
+        self.model.train()
+        batch = batch.to(self._device)
+        self._set_global_counts(batch)
+        self.optimizer.zero_grad(set_to_none=False)
+        for p in self.model.parameters():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        losses, metric_sums, num_mb = [], {}, 0
+        for mb in batch.micro_batches(micro_batch_size or self.micro_batch_size):
+            _, loss, metrics = run_micro_batch(
+                self.model,
+                mb,
+                self.groups,
+                self.head,
+                hidden_size=self.model_cfg.hidden_size,
+                dtype=self._dtype,
+                loss_fn=loss_fn,
+            )
+            num_mb += 1
+            if loss is not None:
+                losses.append(float(loss.detach()))
+                for k, v in metrics.items():
+                    metric_sums[k] = metric_sums.get(k, 0.0) + float(v.detach() if torch.is_tensor(v) else v)
+        self._allreduce_tied_embedding_grads()
+        self._allreduce_dp_grads()
+        norm = grad_norm(self.model, self.model_cfg, self.groups)
+        finite = math.isfinite(norm)  # the same global value on every rank: all skip or none
+        if finite:
+            clip = self.optim_cfg.grad_clip
+            if clip > 0 and norm > clip:
+                scale = clip / (norm + 1e-6)
+                for p in self.model.parameters():
+                    p.grad.mul_(scale)
+            self.optimizer.step()
+        else:
+            log.warning("non-finite gradient norm (%s): optimizer step skipped, weights unchanged", norm)
+        result = {"loss": sum(losses), **{k: v / num_mb for k, v in metric_sums.items()}}
+        result = self._reduce_metrics(result)
+        result["grad_norm"] = norm
+        result["update_skipped_nonfinite"] = 0.0 if finite else 1.0
+        return result
+
+    def _set_global_counts(self, batch: TrainBatch) -> None:
+        counts = torch.tensor(
+            [len(batch), int(batch.response_mask_BT.bool().sum())], dtype=torch.float64, device=self._device
+        )
+        if self.groups.data > 1:
+            dist.all_reduce(counts, group=self.groups.dp)
+        batch.num_global_seqs, batch.num_global_response_tokens = int(counts[0]), int(counts[1])
+
+    def _allreduce_tied_embedding_grads(self) -> None:
+        """p > 1 with tied embeddings: the first stage's embedding and the last stage's output copy are
+        one parameter; sum their grads so both apply the same update (megatron's finalize_model_grads)."""
+        if self.groups.embd is None or not is_tied(self.model):
+            return
+        dist.all_reduce(self.model.shared_embedding_or_output_weight().grad, group=self.groups.embd)
+
+    def _allreduce_dp_grads(self) -> None:
+        if self.groups.data == 1:
+            return
+        grads = [p.grad for p in self.model.parameters()]
+        flat = _flatten_dense_tensors(grads)
+        dist.all_reduce(flat, group=self.groups.dp)
+        for grad, synced in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
+            grad.copy_(synced)
+
+    def _reduce_metrics(self, local: dict[str, float]) -> dict[str, float]:
+        """Global loss (sum over DP), metric means over DP; the same dict on every rank of the layout."""
+        keys = sorted(local)
+        if self.groups.pipeline > 1:
+            box = [keys]
+            src = self.groups.rank_of(self.groups.tp_rank, self.groups.pipeline - 1, self.groups.dp_rank)
+            dist.broadcast_object_list(box, src=src, group=self.groups.pp)
+            keys = box[0]
+        values = torch.tensor([local.get(k, 0.0) for k in keys], dtype=torch.float64, device=self._device)
+        if self.groups.pipeline > 1:
+            dist.broadcast(values, src=src, group=self.groups.pp)
+        if self.groups.data > 1:
+            dist.all_reduce(values, group=self.groups.dp)
+            is_loss = torch.tensor([k == "loss" for k in keys], device=self._device)
+            values = torch.where(is_loss, values, values / self.groups.data)
+        return dict(zip(keys, values.tolist(), strict=True))
+
+    # ---------------------------------------------------------------------------------------------- weights
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Full (t=1, p=1) Megatron state dict on every rank of the TP x PP block (small models/tests)."""
+        return gather_full_state_dict(self.model, self.model_cfg, self.groups)
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor]:
+        """Full HF state dict of a policy model (see full_state_dict)."""
+        return hf_convert.megatron_to_hf_state_dict(self.full_state_dict(), self.model_cfg)
+
+
+def grad_norm(model: torch.nn.Module, cfg: ModelConfig, groups: TrainGroups) -> float:
+    """L2 norm of the whole model's gradient, each parameter counted once across TP and PP.
+
+    TP-split tensors contribute from every TP rank (disjoint shards); replicated ones (norms, value head)
+    only from TP rank 0; the last stage's tied copy of the embedding (p > 1) not at all. Summed over
+    the TP x PP group. Call after the DP all-reduce (DP replicas then hold equal grads).
+    """
+    total = torch.zeros((), dtype=torch.float64, device=next(model.parameters()).device)
+    for name, param in named_global_params(model, cfg, groups):  # skips the tied copy
+        if param.grad is None:
+            continue
+        if hf_convert.tp_split_dim(name) is None and groups.tp_rank != 0:
+            continue
+        total += param.grad.double().pow(2).sum()
+    if groups.tensor * groups.pipeline > 1:
+        dist.all_reduce(total, group=groups.mp)
+    return math.sqrt(float(total))
+
+
+def _kept_fields(cfg: ModelConfig) -> dict:
+    """Non-architecture fields of the user's ModelConfig that an HF directory's config must not override."""
+    return {"dtype": cfg.dtype, "init_seed": cfg.init_seed}
+
+
+def _build(model, cfg, groups, head, optim_cfg, lr):
+    return Trainer(model, cfg, groups, head, optim_cfg=optim_cfg, lr=lr)
+
+
+def build_policy_trainer(
+    model_cfg: ModelConfig,
+    optim_cfg: OptimizerConfig | None,
+    groups: TrainGroups,
+    *,
+    temperature: float = 1.0,
+) -> Trainer:
+    """Actor (with optimizer) or reference (optim_cfg=None): log-probs and entropy from the LM head.
+    Loads `model_cfg.hf_path` when set, else random init from `model_cfg.init_seed`."""
+    if model_cfg.hf_path:
+        model, model_cfg = build_model_from_hf(model_cfg.hf_path, groups, **_kept_fields(model_cfg))
+    else:
+        model = build_gpt_model(model_cfg, groups)
+    return _build(
+        model, model_cfg, groups, PolicyHead(groups.tp, groups.tp_rank, temperature), optim_cfg, None
+    )
+
+
+def build_value_trainer(model_cfg: ModelConfig, optim_cfg: OptimizerConfig, groups: TrainGroups) -> Trainer:
+    """Critic: the same trunk with a ScalarHead; lr = optim_cfg.critic_lr or optim_cfg.lr."""
+    if model_cfg.hf_path:
+        model, model_cfg = build_model_from_hf(
+            model_cfg.hf_path, groups, value_head=True, **_kept_fields(model_cfg)
+        )
+    else:
+        model = build_gpt_model(model_cfg, groups, value_head=True)
+    lr = optim_cfg.critic_lr if optim_cfg.critic_lr is not None else optim_cfg.lr
+    return _build(model, model_cfg, groups, ValueHead(), optim_cfg, lr)
