@@ -28,6 +28,8 @@ class ParallelConfig:
     """torch.distributed backend; auto = nccl when CUDA is present, else gloo."""
     timeout_s: float = 300.0
     """Collective timeout: a dead peer becomes an error naming the group, not a hang."""
+    reshard_bucket_mb: float = 64.0
+    """All-gather staging bucket of the train->rollout reshard (MiB); peak extra memory = received part + one bucket."""
 
     @property
     def world_size(self) -> int:

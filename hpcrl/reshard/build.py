@@ -1,0 +1,61 @@
+"""One call from configs to a ready reshard engine for this rank (what the RL worker uses).
+
+layout = ParallelLayout.from_config(cfg.parallel)
+groups = make_groups(layout, ENGINE_FAMILIES, timeout_s=cfg.parallel.timeout_s)    # every rank
+engine = build_reshard_engine(cfg.model, layout, rank=rank, groups=groups)
+engine.bind(dict(named_global_params(model, cfg.model, train_groups)))              # once
+per RL step:
+    shard = engine.to_generation()
+    rollout.load_weights(rollout_weights(shard, layout, rank, cfg.model))          # (hf_name, tensor)
+    ... generate ...
+    engine.to_training(shard)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Literal
+
+from hpcrl.dist.layout import ParallelLayout
+from hpcrl.errors import ConfigError, Problem
+from hpcrl.reshard.engine import HybridEngine
+from hpcrl.reshard.naive import NaiveEngine
+from hpcrl.reshard.params import gpt_param_metas
+from hpcrl.reshard.planner import plan_rank
+from hpcrl.reshard.transport import CountingTransport, Group, TorchTransport, Transport
+
+ENGINE_FAMILIES = ("micro_data", "stage_merge", "train_tensor", "train_pipeline")
+"""Group families the engines use (HybridEngine: micro_data, stage_merge; naive: train_tensor/pipeline)."""
+
+_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def build_reshard_engine(
+    model,
+    layout: ParallelLayout,
+    *,
+    rank: int,
+    groups: Mapping[str, Group],
+    bucket_bytes: int = 64 << 20,
+    kind: Literal["hybrid", "naive"] = "hybrid",
+    transport: Transport | None = None,
+) -> HybridEngine | NaiveEngine:
+    """Validate (before any collective), plan and build this rank's engine for a ModelConfig.
+
+    `bucket_bytes` bounds the all-gather staging buffer (the "+ one bucket" of peak memory). The transport
+    defaults to a CountingTransport over torch.distributed, so volumes are always inspectable.
+    """
+    layout.check_model(model)
+    if model.tie_word_embeddings and layout.rollout_pipeline > 1:
+        raise ConfigError(
+            Problem(
+                "rule tied embeddings need p_g = 1: the last generation stage would need the embedding for lm_head",
+                key="parallel.rollout_pipeline",
+            )
+        )
+    metas = gpt_param_metas(model, pipeline=layout.pipeline)
+    plan = plan_rank(layout, metas, rank, itemsize=_ITEMSIZE[model.dtype], bucket_bytes=bucket_bytes)
+    transport = transport or CountingTransport(TorchTransport())
+    if kind == "naive":
+        return NaiveEngine(plan, metas, transport, groups)
+    return HybridEngine(plan, transport, groups)

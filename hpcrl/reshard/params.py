@@ -1,0 +1,192 @@
+"""Per-parameter metadata of a megatron-core GPT model: global shape, how TP splits it, which stage holds it.
+
+All names are *global* Megatron names (layer numbers of the p=1 model). Shapes are global (t=1).
+The planner only needs this metadata, never a process group.
+
+Split kinds (megatron-core column/row parallel linear layers; FACTS.md "megatron-core <-> HF parity"):
+  COLUMN     dim 0 cut into t contiguous chunks (plain column-parallel)
+  VOCAB      dim 0 cut into t contiguous chunks (vocab-parallel embedding / output layer)
+  QKV        dim 0 cut into t contiguous chunks of the per-query-group interleaved `linear_qkv`
+             ([q (NH/NG·HD); k (HD); v (HD)] per group); `groups` = NG
+  GATE_UP    `linear_fc1` [gate; up]: TP shard r is [gate_r; up_r] (gate and up cut separately)
+  ROW        dim 1 cut into t contiguous chunks (row-parallel)
+  REPLICATED every TP rank holds the whole tensor (norms)
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import torch
+
+from hpcrl.errors import ConfigError, Problem
+
+
+class Split(enum.Enum):
+    COLUMN = "column"
+    VOCAB = "vocab"
+    QKV = "qkv"
+    GATE_UP = "gate_up"
+    ROW = "row"
+    REPLICATED = "replicated"
+
+    @property
+    def dim(self) -> int | None:
+        """Tensor dim cut across TP ranks; None when replicated."""
+        if self is Split.REPLICATED:
+            return None
+        return 1 if self is Split.ROW else 0
+
+
+@dataclass(frozen=True)
+class ParamMeta:
+    """One parameter of the full model."""
+
+    name: str
+    """Global Megatron name, e.g. decoder.layers.3.mlp.linear_fc1.weight."""
+    shape: tuple[int, ...]
+    """Global (t=1) shape."""
+    split: Split
+    stage: int
+    """Training pipeline stage that holds it."""
+    groups: int = 0
+    """QKV only: number of query groups NG (kv heads)."""
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for size in self.shape:
+            n *= size
+        return n
+
+    def shard_shape(self, count: int) -> tuple[int, ...]:
+        """Shape of one of `count` TP shards."""
+        dim = self.split.dim
+        if dim is None:
+            return self.shape
+        shape = list(self.shape)
+        shape[dim] //= count
+        return tuple(shape)
+
+    def shard_numel(self, count: int) -> int:
+        n = 1
+        for size in self.shard_shape(count):
+            n *= size
+        return n
+
+    def problems(self, tensor: int, rollout_tensor: int) -> list[Problem]:
+        """Rules this parameter must meet to be cut into `tensor` training and `rollout_tensor` generation
+        shards. QKV: megatron-core cuts `linear_qkv` in contiguous chunks (kv groups % t == 0 or
+        t % kv groups == 0); the HF/vLLM conversion needs whole kv groups per generation shard."""
+        dim = self.split.dim
+        if dim is None:
+            return []
+        if len(self.shape) <= dim:
+            return [
+                Problem(f"{self.split.value} split needs a dim {dim}, shape is {self.shape}", key=self.name)
+            ]
+        out = []
+        for count in sorted({tensor, rollout_tensor}):
+            unit = 2 * count if self.split is Split.GATE_UP else count
+            if self.shape[dim] % unit:
+                out.append(
+                    Problem(
+                        f"rule shape[{dim}] % {'2·' if self.split is Split.GATE_UP else ''}tp == 0: "
+                        f"{self.split.value} dim {dim} of size {self.shape[dim]} does not divide into {count} shards",
+                        key=self.name,
+                    )
+                )
+        if self.split is Split.QKV:
+            if self.groups % tensor and tensor % self.groups:
+                out.append(
+                    Problem(
+                        f"rule kv_heads % t == 0 or t % kv_heads == 0 (megatron-core): {self.groups} query groups, "
+                        f"t={tensor}",
+                        key=self.name,
+                    )
+                )
+            if self.groups % rollout_tensor:
+                out.append(
+                    Problem(
+                        f"rule kv_heads % t_g == 0: {self.groups} query groups cannot be cut into {rollout_tensor} "
+                        f"generation shards of whole groups (kv-head replication for t_g > kv_heads is not supported)",
+                        key=self.name,
+                    )
+                )
+        return out
+
+
+def shard_of(full: torch.Tensor, meta: ParamMeta, index: int, count: int) -> torch.Tensor:
+    """TP shard `index` of `count` of the full tensor, as megatron-core lays it out (a view or a copy)."""
+    dim = meta.split.dim
+    if dim is None or count == 1:
+        return full
+    if meta.split is Split.GATE_UP:
+        gate, up = full.chunk(2, dim=0)
+        return torch.cat([gate.chunk(count)[index], up.chunk(count)[index]])
+    return full.chunk(count, dim=dim)[index]
+
+
+def gather_shards(shards: list[torch.Tensor], meta: ParamMeta) -> torch.Tensor:
+    """The full tensor from TP shards 0..count-1 (inverse of `shard_of`)."""
+    dim = meta.split.dim
+    if dim is None or len(shards) == 1:
+        return shards[0]
+    if meta.split is Split.GATE_UP:
+        halves = [shard.chunk(2, dim=0) for shard in shards]
+        return torch.cat([torch.cat([g for g, _ in halves]), torch.cat([u for _, u in halves])])
+    return torch.cat(shards, dim=dim)
+
+
+def gpt_param_metas(model, pipeline: int = 1) -> list[ParamMeta]:
+    """Metadata of every parameter of a megatron-core GPTModel built from a ModelConfig (local spec,
+    RMSNorm, SwiGLU, no linear biases except optional q/k/v bias), layers split evenly over stages.
+
+    With tied embeddings there is no output layer entry: at p = 1 megatron has none, and at p > 1 the last
+    stage's copy of the embedding is not resharded (HF/vLLM tie lm_head to embed_tokens), matching
+    hpcrl.train.model.named_global_params (which skips that copy by default).
+    """
+    h, v, f = model.hidden_size, model.vocab_size, model.ffn_hidden_size
+    nh, ng = model.num_attention_heads, model.num_query_groups
+    hd = h // nh
+    if model.num_layers % pipeline:
+        raise ConfigError(
+            Problem(
+                f"rule layers % p == 0: {model.num_layers} layers, pipeline={pipeline}",
+                key="model.num_layers",
+            )
+        )
+    per_stage = model.num_layers // pipeline
+    qkv_rows = (nh + 2 * ng) * hd
+    metas = [ParamMeta("embedding.word_embeddings.weight", (v, h), Split.VOCAB, 0)]
+    for i in range(model.num_layers):
+        stage, prefix = i // per_stage, f"decoder.layers.{i}."
+        metas += [
+            ParamMeta(prefix + "input_layernorm.weight", (h,), Split.REPLICATED, stage),
+            ParamMeta(prefix + "self_attention.linear_qkv.weight", (qkv_rows, h), Split.QKV, stage, ng),
+        ]
+        if model.qkv_bias:
+            metas.append(
+                ParamMeta(prefix + "self_attention.linear_qkv.bias", (qkv_rows,), Split.QKV, stage, ng)
+            )
+        metas += [
+            ParamMeta(prefix + "self_attention.linear_proj.weight", (h, nh * hd), Split.ROW, stage),
+            ParamMeta(prefix + "pre_mlp_layernorm.weight", (h,), Split.REPLICATED, stage),
+            ParamMeta(prefix + "mlp.linear_fc1.weight", (2 * f, h), Split.GATE_UP, stage),
+            ParamMeta(prefix + "mlp.linear_fc2.weight", (h, f), Split.ROW, stage),
+        ]
+    last = pipeline - 1
+    metas.append(ParamMeta("decoder.final_layernorm.weight", (h,), Split.REPLICATED, last))
+    if not model.tie_word_embeddings:
+        metas.append(ParamMeta("output_layer.weight", (v, h), Split.VOCAB, last))
+    return metas
+
+
+def split_bytes_per_rank(metas: list[ParamMeta], tensor: int, pipeline: int, itemsize: int) -> int | None:
+    """M_split/(t·p) when every stage holds the same split bytes (the formula's assumption), else None."""
+    per_stage = [0] * pipeline
+    for meta in metas:
+        if meta.split is not Split.REPLICATED:
+            per_stage[meta.stage] += meta.shard_numel(tensor) * itemsize
+    return per_stage[0] if len(set(per_stage)) == 1 else None
