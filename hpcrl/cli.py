@@ -19,6 +19,7 @@ from hpcrl.errors import ClusterError, ConfigError
 # subcommand -> module implementing it (see module docstring for the protocol)
 COMMANDS: dict[str, str] = {
     "info": "hpcrl.env_info",
+    "ckpt": "hpcrl.ckpt.command",
 }
 
 

@@ -22,3 +22,9 @@ class CheckpointConfig:
     """auto: resume from `latest` when it verifies (and after a Slurm requeue)."""
     save_on_exit: bool = True
     """Save at the end of the run."""
+    fallback: bool = True
+    """On resume, fall back to the previous committed checkpoint when `latest` does not verify."""
+    deadline_safety: float = 1.5
+    """Save and stop when the job's time left < this x (slowest step + slowest save)."""
+    timeout_s: float = 600.0
+    """Rank 0 waits this long for every rank's file of a save before the save fails (not committed)."""

@@ -1,0 +1,116 @@
+"""`hpcrl ckpt`: inspect sharded checkpoints without a training job.
+
+    hpcrl ckpt check CKPT [--layout t=1,p=2,d=1]   verify CKPT (a root with `latest`, or one step dir);
+                                                   with --layout: can it load under that layout?
+    hpcrl ckpt export CKPT --hf DIR                write an HF model directory (safetensors)
+Exit codes: 0 ok, 1 the checkpoint does not verify, 2 usage error or a layout it cannot load under.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Literal, Optional
+
+from jsonargparse import ArgumentParser
+
+HELP = "Verify a sharded checkpoint, check it loads under another layout, export it to Hugging Face."
+
+
+def add_arguments(parser: ArgumentParser) -> None:
+    # one level of positionals, not nested subcommands: the top-level parser adds ours after we return
+    parser.add_argument("action", type=Literal["check", "export"], help="check | export")
+    parser.add_argument("checkpoint", type=str, help="Checkpoint root (with `latest`) or a step_N directory.")
+    parser.add_argument(
+        "--layout", type=Optional[str], default=None, help="check: target layout, e.g. t=1,p=2,d=1."
+    )
+    parser.add_argument("--json", action="store_true", help="check: print one JSON object.")
+    parser.add_argument("--hf", type=Optional[str], default=None, help="export: output HF directory.")
+    parser.add_argument(
+        "--prefix", type=str, default="actor.", help="export: name prefix of the model tensors."
+    )
+
+
+def main(args) -> int:
+    from hpcrl.errors import ConfigError, Problem
+
+    if args.action == "check":
+        return _check(args)
+    if not args.hf:
+        raise ConfigError(Problem("export needs --hf DIR", key="--hf"))
+    return _export(args)
+
+
+def _resolve(path_text: str):
+    from pathlib import Path
+
+    from hpcrl.ckpt.commit import candidates
+    from hpcrl.ckpt.manifest import MANIFEST
+    from hpcrl.errors import ConfigError, Problem
+
+    path = Path(path_text)
+    if (path / MANIFEST).exists():
+        return path
+    found = candidates(path) if path.is_dir() else []
+    if not found:
+        raise ConfigError(
+            Problem(f"{path}: no checkpoint (no manifest.json, no committed step_N)", key="checkpoint")
+        )
+    return found[0]
+
+
+def _check(args) -> int:
+    import sys
+
+    from hpcrl.ckpt.manifest import CorruptCheckpoint
+    from hpcrl.ckpt.partition import layout_problems, parse_layout
+    from hpcrl.ckpt.verify import verify_directory
+    from hpcrl.errors import ConfigError, Problem
+
+    directory = _resolve(args.checkpoint)
+    layout = None
+    if args.layout is not None:
+        try:
+            layout = parse_layout(args.layout)
+        except (ValueError, ConfigError) as err:
+            raise ConfigError(Problem(str(err), key="--layout")) from err
+    try:
+        manifest = verify_directory(directory)
+    except CorruptCheckpoint as err:
+        print(f"hpcrl ckpt check: CORRUPT: {err}", file=sys.stderr)
+        return 1
+    problems = layout_problems(manifest, layout) if layout is not None else []
+    report = {
+        "checkpoint": str(directory),
+        "step": manifest.step,
+        "verified": True,
+        "world_size": manifest.world_size,
+        "layout": manifest.layout,
+        "tensors": len(manifest.tensors),
+        "files": len(manifest.files),
+        "bytes": sum(f.size for f in manifest.files.values()),
+        "model_fingerprint": manifest.model_fingerprint,
+        "target_layout": args.layout,
+        "loads": not problems,
+        "problems": problems,
+    }
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(
+            f"{directory}: step {manifest.step}, {report['tensors']} tensors in {report['files']} files "
+            f"({report['bytes']} bytes), saved by {manifest.world_size} ranks with layout {manifest.layout}: verified"
+        )
+        if layout is not None and not problems:
+            print(f"loads under t={layout.tensor},p={layout.pipeline},d={layout.data}")
+    if problems:
+        raise ConfigError([Problem(p, key="--layout") for p in problems])
+    return 0
+
+
+def _export(args) -> int:
+    from hpcrl.ckpt.export import export_hf
+
+    directory = _resolve(args.checkpoint)
+    out = export_hf(directory, args.hf, prefix=args.prefix)
+    print(f"wrote {out}")
+    return 0

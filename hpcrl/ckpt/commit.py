@@ -1,0 +1,113 @@
+"""The commit protocol on the checkpoint root directory.
+
+    root/step_00000010.tmp-<token>/   being written (ignored by readers, removed by the next save)
+    root/step_00000010/               committed: renamed from tmp after every file and the dir were fsynced
+    root/latest                       "step_00000010" — replaced atomically (tmp + rename + fsync)
+    root/step_00000004.trash-<token>/ being deleted by keep-last-k (ignored by readers)
+
+A crash at any moment leaves `latest` naming a complete, committed directory (or no `latest` before
+the first commit). Old checkpoints are deleted only after the new one committed and verified, and a
+directory is first renamed out of the `step_N` namespace, so a half-deleted one is never trusted.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+from hpcrl.ckpt.integrity import fsync_dir, write_durable
+from hpcrl.ckpt.manifest import CheckpointError
+
+LATEST = "latest"
+_COMMITTED = re.compile(r"^step_(\d+)$")
+
+
+def step_name(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def tmp_dir(root: Path, step: int, token: str) -> Path:
+    return root / f"{step_name(step)}.tmp-{token}"
+
+
+def committed(root: Path) -> list[tuple[int, Path]]:
+    """Committed checkpoint directories under `root`, newest step first."""
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _COMMITTED.match(p.name)) and p.is_dir()]
+    return sorted(found, reverse=True)
+
+
+def read_latest(root: Path) -> Path | None:
+    """The directory `latest` names, or None when there is no `latest` yet."""
+    try:
+        name = (root / LATEST).read_text().strip()
+    except FileNotFoundError:
+        return None
+    if not _COMMITTED.match(name):
+        raise CheckpointError(f"{root / LATEST}: does not name a step directory: {name!r}")
+    return root / name
+
+
+def candidates(root: Path) -> list[Path]:
+    """Directories a reader may trust, in order: `latest`'s target, then older committed ones."""
+    latest = read_latest(root)
+    older = [p for _, p in committed(root) if p != latest]
+    if latest is not None:
+        newer_than_latest = [p for p in older if _step(p) > _step(latest)]
+        older = [p for p in older if p not in newer_than_latest]
+        return [latest, *older]
+    return older
+
+
+def commit(tmp: Path, root: Path, step: int) -> Path:
+    """Rename a fully written and fsynced tmp dir to step_N and point `latest` at it."""
+    final = root / step_name(step)
+    if final.exists():
+        raise CheckpointError(f"{final}: step {step} is already committed; refusing to overwrite it")
+    fsync_dir(tmp)
+    os.rename(tmp, final)
+    fsync_dir(root)
+    write_durable(root / LATEST, (final.name + "\n").encode())
+    return final
+
+
+def prune(root: Path, keep_last: int, token: str) -> list[Path]:
+    """Delete all but the newest `keep_last` committed checkpoints (never `latest`'s target)."""
+    latest = read_latest(root)
+    removed = []
+    for index, (step, path) in enumerate(committed(root)):
+        if index < keep_last or path == latest:
+            continue
+        trash = root / f"{step_name(step)}.trash-{token}"
+        os.rename(path, trash)
+        fsync_dir(root)
+        shutil.rmtree(trash, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def remove_leftovers(root: Path, keep: Path | None = None) -> None:
+    """Before a save: remove tmp dirs of interrupted saves, trash of interrupted prunes (never `keep`), and
+    committed dirs newer than `latest` — a crash between their rename and the `latest` update left them
+    unpublished, and the run resumed from `latest`, so they belong to an abandoned future."""
+    if not root.is_dir():
+        return
+    latest = read_latest(root)
+    if latest is not None:
+        for step, path in committed(root):
+            if step > _step(latest):
+                trash = path.with_name(f"{path.name}.trash-unpublished")
+                os.rename(path, trash)
+                fsync_dir(root)
+    for path in root.iterdir():
+        if path != keep and (".tmp-" in path.name or ".trash-" in path.name) and path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        elif path.name == LATEST + ".tmp":
+            path.unlink(missing_ok=True)
+
+
+def _step(path: Path) -> int:
+    return int(_COMMITTED.match(path.name).group(1))

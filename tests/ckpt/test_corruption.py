@@ -1,0 +1,131 @@
+"""Damaged checkpoints are detected before any tensor is used; errors name the file and the tensor;
+fallback to the previous good checkpoint on request; a failed load modifies nothing."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+
+import pytest
+import torch
+
+from hpcrl.ckpt.checkpointer import Checkpointer
+from hpcrl.ckpt.load import CheckpointMismatch, load_checkpoint
+from hpcrl.ckpt.manifest import CorruptCheckpoint, read_manifest
+from hpcrl.ckpt.shards import ShardSpec
+from hpcrl.ckpt.state import RunState
+from hpcrl.ckpt.verify import dataset_ranges, verify_directory
+from tests.ckpt._model import global_tensors, rank_shards, rank_specs
+
+
+def _tree_digest(root) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+@pytest.fixture
+def two_steps(tmp_path):
+    """Steps 1 and 2 saved by one process as its 2 'TP ranks'' worth of shards (t=1)."""
+    ck = Checkpointer(tmp_path, keep_last=3)
+    for step in (1, 2):
+        ck.save(step, rank_shards(global_tensors(step), 0, 1, 1), RunState(step=step, run_id="run-a"))
+    return tmp_path
+
+
+def _specs():
+    return rank_specs(global_tensors(0), 0, 1, 1)
+
+
+def _flip_byte_in(path, offset):
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x40
+    path.write_bytes(bytes(data))
+
+
+def _corrupt_flip(root):
+    step = root / "step_00000002"
+    manifest = read_manifest(step)
+    start, stop, label = dataset_ranges(manifest, "rank_00000.h5")[manifest.tensors["proj"].shards[0].dataset]
+    _flip_byte_in(step / "rank_00000.h5", (start + stop) // 2)
+    return r"rank_00000\.h5: checksum mismatch in bytes \[\d+, \d+\): tensor proj\[0:4,0:16,0:16\]"
+
+
+def _corrupt_truncate(root):
+    path = root / "step_00000002" / "rank_00000.h5"
+    path.write_bytes(path.read_bytes()[:-100])
+    return r"rank_00000\.h5: size \d+ bytes, manifest says \d+ \(truncated or replaced\); it holds tensors .*qkv\[0:4,0:48,0:16\]"
+
+
+def _corrupt_missing(root):
+    (root / "step_00000002" / "rank_00000.h5").unlink()
+    return r"rank_00000\.h5: shard file missing; it holds tensors .*embedding\[0:32,0:16\]"
+
+
+def _corrupt_foreign_manifest(root):
+    other = root.parent / (root.name + "-other")
+    ck = Checkpointer(other)
+    ck.save(2, rank_shards(global_tensors(99), 0, 1, 1), RunState(step=2, run_id="run-b"))
+    shutil.copy(other / "step_00000002" / "manifest.json", root / "step_00000002" / "manifest.json")
+    # the other run's files differ in structure (attributes) and data: the first segment checked names
+    # the file and every tensor it holds
+    return r"rank_00000\.h5: checksum mismatch in bytes \[0, \d+\): HDF5 structure of a file holding .*proj\["
+
+
+def _corrupt_manifest_bytes(root):
+    path = root / "step_00000002" / "manifest.json"
+    path.write_text(path.read_text()[:-40])
+    return r"manifest\.json: manifest does not parse"
+
+
+CORRUPTIONS = {
+    "flipped_byte": _corrupt_flip,
+    "truncated": _corrupt_truncate,
+    "missing_shard": _corrupt_missing,
+    "foreign_manifest": _corrupt_foreign_manifest,
+    "torn_manifest": _corrupt_manifest_bytes,
+}
+
+
+@pytest.mark.parametrize("kind", sorted(CORRUPTIONS))
+def test_corruption_is_detected_named_and_falls_back_without_modifying_anything(two_steps, kind):
+    pattern = CORRUPTIONS[kind](two_steps)
+    before = _tree_digest(two_steps)
+    with pytest.raises(CorruptCheckpoint, match=pattern):
+        load_checkpoint(two_steps, _specs())
+    with pytest.raises(CorruptCheckpoint, match=pattern):
+        verify_directory(two_steps / "step_00000002")
+    loaded = load_checkpoint(two_steps, rank_specs(global_tensors(1), 0, 1, 1), fallback=True)
+    assert loaded.state.step == 1 and loaded.path.name == "step_00000001"
+    assert all(torch.equal(t, global_tensors(1)[n]) for n, t in loaded.tensors.items())
+    assert len(loaded.skipped) == 1
+    assert _tree_digest(two_steps) == before
+
+
+def test_a_flip_in_a_tensor_this_rank_does_not_read_does_not_block_its_load(two_steps):
+    _corrupt_flip(two_steps)
+    loaded = load_checkpoint(two_steps, [ShardSpec("norm", (4, 16), (0, 0), (4, 16), "bfloat16")])
+    assert loaded.state.step == 2 and torch.equal(loaded.tensors["norm"], global_tensors(2)["norm"])
+
+
+def test_a_manifest_of_another_run_is_refused_when_the_run_id_is_expected(two_steps):
+    with pytest.raises(CorruptCheckpoint, match="written by run 'run-a', expected 'run-z'"):
+        load_checkpoint(two_steps, _specs(), expect_run_id="run-z")
+
+
+def test_failed_mismatched_load_modifies_nothing_and_does_not_fall_back(two_steps):
+    before = _tree_digest(two_steps)
+    with pytest.raises(CheckpointMismatch, match="tensor 'norm': global shape"):
+        load_checkpoint(two_steps, [ShardSpec("norm", (8, 16), (0, 0), (8, 16), "bfloat16")], fallback=True)
+    assert _tree_digest(two_steps) == before
+
+
+def test_when_nothing_verifies_the_error_lists_every_candidate(two_steps):
+    _corrupt_missing(two_steps)
+    (two_steps / "step_00000001" / "manifest.json").unlink()
+    with pytest.raises(
+        CorruptCheckpoint, match=r"no checkpoint verifies: .*rank_00000.h5.* \| .*manifest missing"
+    ):
+        load_checkpoint(two_steps, _specs(), fallback=True)

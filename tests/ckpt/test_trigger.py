@@ -1,0 +1,62 @@
+"""Save triggers: Slurm durations, a real SIGUSR1, the time-limit rule, agreement across gloo ranks."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hpcrl.ckpt.trigger import SaveTrigger, parse_slurm_duration
+from hpcrl.dist.spawn import run_ranks
+from tests.ckpt._rank_fns import trigger_agreement
+
+
+@given(st.integers(0, 30), st.integers(0, 23), st.integers(0, 59), st.integers(0, 59))
+def test_slurm_durations_parse_in_every_form(days, hours, minutes, seconds):
+    total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+    assert parse_slurm_duration(f"{days}-{hours:02d}:{minutes:02d}:{seconds:02d}") == total
+    assert parse_slurm_duration(f"{days * 24 + hours}:{minutes:02d}:{seconds:02d}") == total
+    if days == hours == 0:
+        assert parse_slurm_duration(f"{minutes}:{seconds:02d}") == total
+
+
+def test_unlimited_and_garbage():
+    assert parse_slurm_duration("UNLIMITED") is None
+    with pytest.raises(ValueError, match="not a Slurm duration: '1h'"):
+        parse_slurm_duration("1h")
+
+
+def test_a_real_sigusr1_requests_save_and_stop_at_the_next_boundary():
+    trigger = SaveTrigger(every_steps=0)
+    previous = signal.getsignal(signal.SIGUSR1)
+    try:
+        trigger.install_signal_handler(signal.SIGUSR1)
+        assert not trigger.decide(1, None).save
+        os.kill(os.getpid(), signal.SIGUSR1)
+        decision = trigger.decide(2, None)
+        assert decision.save and decision.stop and decision.reasons == ("requested",)
+        assert not trigger.decide(3, None).save  # the request is consumed
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def test_time_limit_rule_uses_the_slowest_step_and_save():
+    now = [0.0]
+    trigger = SaveTrigger(every_steps=10, time_left_s=100.0, safety=1.5, clock=lambda: now[0])
+    trigger.record_step(20.0)
+    trigger.record_save(10.0)
+    now[0] = 50.0  # 50 s left >= 1.5 * 30 s
+    assert trigger.decide(3, None) == trigger.decide(3, None).__class__(False, False, ())
+    now[0] = 56.0  # 44 s left < 45 s: save now and stop
+    decision = trigger.decide(4, None)
+    assert decision.save and decision.stop and decision.reasons == ("deadline",)
+    assert trigger.decide(10, None).reasons == ("periodic", "deadline")
+
+
+@pytest.mark.dist
+def test_ranks_agree_when_only_one_rank_got_the_signal():
+    decisions = run_ranks(trigger_agreement, 2)
+    assert decisions == [(True, True, ("requested",))] * 2
