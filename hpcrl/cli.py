@@ -20,6 +20,13 @@ from hpcrl.errors import ClusterError, ConfigError
 COMMANDS: dict[str, str] = {
     "info": "hpcrl.env_info",
     "ckpt": "hpcrl.ckpt.command",
+    "expand": "hpcrl.launcher.commands.expand",
+    "submit": "hpcrl.launcher.commands.submit",
+    "run": "hpcrl.launcher.commands.run",
+    "status": "hpcrl.launcher.commands.status",
+    "logs": "hpcrl.launcher.commands.logs",
+    "cancel": "hpcrl.launcher.commands.cancel",
+    "resume": "hpcrl.launcher.commands.resume",
 }
 
 

@@ -41,7 +41,8 @@ class ClusterConfig:
     array_parallelism: int = 64
     """Array elements running at once (%N)."""
     signal_delay_s: int = 90
-    """Seconds before the time limit at which USR1 asks the job to checkpoint and requeue."""
+    """Seconds before the time limit at which Slurm signals every rank (submitit's --signal=USR2@N) so
+    the element checkpoints (hpcrl.launcher.element.on_requeue callbacks) and is requeued."""
     env: dict[str, str] = field(default_factory=dict)
     """Environment of every rank (e.g. NCCL_IB_HCA); values are quoted, never interpreted by a shell."""
     modules: list[str] = field(default_factory=list)

@@ -1,0 +1,126 @@
+"""Rules that tie fields of different components together (checked on every resolved config).
+
+Each rule returns Problems whose key names the fields involved, so a user sees e.g.
+`cluster.nodes: cluster.nodes*cluster.tasks_per_node = 2 ranks, but parallel.tensor*pipeline*data = 4`.
+"""
+
+from __future__ import annotations
+
+import re
+
+from hpcrl.config.experiment import ExperimentConfig
+from hpcrl.launcher.sbatch import check_cluster
+
+_ENTRYPOINT = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_]\w*")
+_PATH_PART = re.compile(r"[\w.+-]+")
+_GRES_GPUS = re.compile(r"(?:^|,)gpu(?::[^:,]+)?:(\d+)")
+
+
+def gpus_per_node(cfg: ExperimentConfig) -> int:
+    """GPUs one node of an element gets: from `gres` (gpu[:type]:N) when set, else `gpus_per_node`."""
+    if cfg.cluster.gres:
+        match = _GRES_GPUS.search(cfg.cluster.gres)
+        return int(match.group(1)) if match else 0
+    return cfg.cluster.gpus_per_node
+
+
+def check_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
+    """All cross-field problems of one config, as (dotted key, message)."""
+    out: list[tuple[str, str]] = []
+    par, cl = cfg.parallel, cfg.cluster
+    for key in ("tensor", "pipeline", "data", "rollout_tensor", "rollout_pipeline"):
+        if getattr(par, key) < 1:
+            out.append((f"parallel.{key}", f"must be >= 1, got {getattr(par, key)}"))
+    for key in ("nodes", "tasks_per_node", "cpus_per_task", "time_min", "array_parallelism"):
+        if getattr(cl, key) < 1:
+            out.append((f"cluster.{key}", f"must be >= 1, got {getattr(cl, key)}"))
+    if out:
+        return out  # the layout rules below divide by these
+    ranks = cl.nodes * cl.tasks_per_node
+    if ranks != par.world_size:
+        out.append(
+            (
+                "cluster.nodes",
+                f"layout mismatch: cluster.nodes*cluster.tasks_per_node = {cl.nodes}*{cl.tasks_per_node} = {ranks} "
+                f"ranks, but parallel.tensor*parallel.pipeline*parallel.data = "
+                f"{par.tensor}*{par.pipeline}*{par.data} = {par.world_size}",
+            )
+        )
+    if par.tensor % par.rollout_tensor:
+        out.append(
+            (
+                "parallel.rollout_tensor",
+                f"rollout_tensor={par.rollout_tensor} must divide parallel.tensor={par.tensor}",
+            )
+        )
+    if par.pipeline % par.rollout_pipeline:
+        out.append(
+            (
+                "parallel.rollout_pipeline",
+                f"rollout_pipeline={par.rollout_pipeline} must divide parallel.pipeline={par.pipeline}",
+            )
+        )
+    gpus = gpus_per_node(cfg)
+    if gpus:
+        total = gpus * cl.nodes
+        if cl.tasks_per_node != gpus:
+            out.append(
+                (
+                    "cluster.tasks_per_node",
+                    f"one rank per GPU: tasks_per_node={cl.tasks_per_node} but each node has {gpus} GPUs",
+                )
+            )
+        if total % (par.tensor * par.pipeline):
+            out.append(
+                (
+                    "parallel.tensor",
+                    f"layout does not divide the GPU count: parallel.tensor*parallel.pipeline = "
+                    f"{par.tensor * par.pipeline} does not divide {total} GPUs "
+                    f"(cluster.nodes={cl.nodes} x {gpus} per node)",
+                )
+            )
+    out += _model_rules(cfg)
+    if not _ENTRYPOINT.fullmatch(cfg.entrypoint):
+        out.append(("entrypoint", f"expected 'package.module:function', got {cfg.entrypoint!r}"))
+    if not _PATH_PART.fullmatch(cfg.name) or cfg.name in (".", ".."):
+        out.append(("name", f"{cfg.name!r} must be usable as a directory name (letters, digits, _ . + -)"))
+    out += _required_rules(cfg)
+    return out + check_cluster(cfg.cluster)
+
+
+def _model_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
+    model, par = cfg.model, cfg.parallel
+    if model.hf_path is not None:
+        return []  # the architecture comes from the HF directory; the trainer checks it there
+    out = []
+    for key, value, size, axis in (
+        ("model.num_attention_heads", model.num_attention_heads, par.tensor, "parallel.tensor"),
+        ("model.vocab_size", model.vocab_size, par.tensor, "parallel.tensor"),
+        ("model.num_layers", model.num_layers, par.pipeline, "parallel.pipeline"),
+    ):
+        if value % size:
+            out.append((key, f"{key.split('.')[1]}={value} must divide by {axis}={size}"))
+    if model.num_attention_heads % max(model.num_query_groups, 1):
+        out.append(
+            (
+                "model.num_query_groups",
+                f"num_attention_heads={model.num_attention_heads} must divide by "
+                f"num_query_groups={model.num_query_groups}",
+            )
+        )
+    return out
+
+
+def _required_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
+    out = []
+    if cfg.data.source != "builtin" and not cfg.data.path:
+        out.append(("data.path", f"missing required field (data.source={cfg.data.source!r} reads a file)"))
+    if cfg.reward.name == "model" and not cfg.reward.model_path:
+        out.append(
+            ("reward.model_path", "missing required field (reward.name='model' needs a model directory)")
+        )
+    if cfg.cluster.executor == "slurm" and cfg.cluster.profile is None and cfg.cluster.partition is None:
+        out.append(
+            ("cluster.profile", "missing required field (executor=slurm needs a profile or a partition)")
+        )
+    return out

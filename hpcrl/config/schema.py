@@ -1,0 +1,240 @@
+"""Key-by-key checking of plain YAML data against the experiment dataclasses.
+
+jsonargparse stops at the first bad key; a template author wants every problem at once, each with the
+file and dotted key. So the dataclasses' own type hints are walked here: unknown keys (with the closest
+valid key, from difflib), wrong types, and fields without a default that nobody set. Values are also
+normalised (YAML lists -> tuples, ints -> floats where a float is declared) so that `build` can make
+the dataclass directly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import types
+import typing
+from typing import Any, Literal, Union
+
+from hpcrl.errors import Problem
+
+_NO_VALUE = object()
+
+
+class TypeMismatch(ValueError):
+    """A value does not fit a type hint; the message says what was expected."""
+
+
+@functools.cache
+def field_types(cls: type) -> dict[str, Any]:
+    """Resolved type hints of a dataclass's fields (postponed annotations evaluated)."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def is_config_class(hint: Any) -> bool:
+    return isinstance(hint, type) and dataclasses.is_dataclass(hint)
+
+
+@functools.cache
+def leaf_types(cls: type) -> dict[str, Any]:
+    """Every dotted leaf key of a (nested) config dataclass -> its type hint."""
+    out: dict[str, Any] = {}
+    for name, hint in field_types(cls).items():
+        if is_config_class(hint):
+            out.update({f"{name}.{sub}": h for sub, h in leaf_types(hint).items()})
+        else:
+            out[name] = hint
+    return out
+
+
+def describe(hint: Any) -> str:
+    """A short human name of a type hint: int, float, one of ['a', 'b'], str or null, ..."""
+    origin = typing.get_origin(hint)
+    if origin is Literal:
+        return f"one of {list(typing.get_args(hint))}"
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(hint)
+        return " or ".join("null" if a is type(None) else describe(a) for a in args)
+    if origin is not None:
+        return str(hint).replace("typing.", "")
+    return getattr(hint, "__name__", str(hint))
+
+
+def check_value(value: Any, hint: Any) -> Any:
+    """Return `value` normalised to `hint`, or raise TypeMismatch. bool is never accepted as a number."""
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if hint is Any:
+        return value
+    if origin is Literal:
+        if value in args and not (isinstance(value, bool) and not any(isinstance(a, bool) for a in args)):
+            return value
+        raise TypeMismatch(f"expected {describe(hint)}, got {value!r}")
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return check_value(value, arg)
+            except TypeMismatch:
+                continue
+        raise TypeMismatch(f"expected {describe(hint)}, got {value!r} ({type(value).__name__})")
+    if origin is dict:
+        key_t, val_t = args or (Any, Any)
+        if not isinstance(value, dict):
+            raise TypeMismatch(f"expected a mapping ({describe(hint)}), got {value!r}")
+        return {check_value(k, key_t): check_value(v, val_t) for k, v in value.items()}
+    if origin is list:
+        (item_t,) = args or (Any,)
+        if not isinstance(value, (list, tuple)):
+            raise TypeMismatch(f"expected a list ({describe(hint)}), got {value!r}")
+        return [check_value(v, item_t) for v in value]
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise TypeMismatch(f"expected a list of {len(args)} ({describe(hint)}), got {value!r}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(check_value(v, args[0]) for v in value)
+        if len(value) != len(args):
+            raise TypeMismatch(f"expected {len(args)} items ({describe(hint)}), got {len(value)}: {value!r}")
+        return tuple(check_value(v, a) for v, a in zip(value, args, strict=True))
+    return _check_scalar(value, hint)
+
+
+def _check_scalar(value: Any, hint: Any) -> Any:
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+    elif hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads `1e-6` (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif hint is str:
+        if isinstance(value, str):
+            return value
+    elif isinstance(value, hint):
+        return value
+    raise TypeMismatch(f"expected {describe(hint)}, got {value!r} ({type(value).__name__})")
+
+
+def suggest(key: str, valid: list[str]) -> str:
+    """' (did you mean X?)' for the closest valid key, or ''."""
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def check_tree(
+    data: Any, cls: type, origin_of: typing.Callable[[str], str | None], prefix: str = ""
+) -> tuple[dict[str, Any], list[Problem]]:
+    """Check a nested mapping against dataclass `cls`; return (normalised mapping, problems).
+
+    `origin_of(dotted_key)` names the file a key came from, for the messages.
+    """
+    problems: list[Problem] = []
+    where = prefix.rstrip(".") or None
+    if not isinstance(data, dict):
+        problems.append(
+            Problem(
+                f"expected a mapping of {cls.__name__} fields, got {data!r}", origin_of(where or ""), where
+            )
+        )
+        return {}, problems
+    hints = field_types(cls)
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if key not in hints:
+            valid = list(hints)
+            problems.append(Problem(f"unknown key{suggest(str(key), valid)}", origin_of(dotted), dotted))
+            continue
+        hint = hints[key]
+        if is_config_class(hint):
+            out[key], sub = check_tree(value, hint, origin_of, f"{dotted}.")
+            problems += sub
+            continue
+        try:
+            out[key] = check_value(value, hint)
+        except TypeMismatch as err:
+            problems.append(Problem(f"wrong type: {err}", origin_of(dotted), dotted))
+    for f in dataclasses.fields(cls):
+        missing = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if missing and f.name not in data:
+            dotted = f"{prefix}{f.name}"
+            problems.append(Problem("missing required field", origin_of(dotted), dotted))
+    return out, problems
+
+
+def build(cls: type, data: dict[str, Any]) -> Any:
+    """Instantiate a config dataclass from a checked (normalised) mapping; absent keys keep defaults."""
+    hints = field_types(cls)
+    kwargs = {}
+    for key, value in data.items():
+        hint = hints[key]
+        kwargs[key] = build(hint, value) if is_config_class(hint) else value
+    return cls(**kwargs)
+
+
+def to_dict(obj: Any) -> Any:
+    """A config dataclass as plain data (tuples become lists), the form written to YAML/JSON."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    return obj
+
+
+def get_dotted(data: dict[str, Any], dotted: str, default: Any = _NO_VALUE) -> Any:
+    node: Any = data
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            if default is _NO_VALUE:
+                raise KeyError(dotted)
+            return default
+        node = node[part]
+    return node
+
+
+def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set data[a][b][c] = value for 'a.b.c', creating (or replacing non-mapping) parents."""
+    parts = dotted.split(".")
+    node = data
+    for part in parts[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = node[part] = {}
+        node = child
+    node[parts[-1]] = value
+
+
+def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    """A new mapping: `top` over `base`, recursively for mappings (lists and scalars replace)."""
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{'a': {'b': 1}} -> {'a.b': 1} (mappings are walked; lists are leaves)."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, f"{dotted}."))
+        else:
+            out[dotted] = value
+    return out

@@ -1,0 +1,73 @@
+"""Arguments shared by the template commands: TEMPLATE, `--<dotted.key> VALUE` overrides, --print_config.
+
+Every leaf of ExperimentConfig is an option (`--algorithm.lr 1e-6`, `--cluster.env '{A: b}'`). Values
+are read as YAML scalars/flow collections and checked like template values, all at once, each problem
+naming `command line` and the key.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from hpcrl.config.experiment import ExperimentConfig
+from hpcrl.config.schema import TypeMismatch, check_value, describe, leaf_types
+from hpcrl.errors import ConfigError, Problem
+
+
+def add_template_arguments(parser) -> None:
+    parser.add_argument("template", help="Experiment template (YAML), e.g. templates/grpo_tiny.yaml.")
+    parser.add_argument(
+        "--print_config",
+        nargs="?",
+        const="yes",
+        default=None,
+        help="Print the resolved config (the first element of a sweep) as YAML and exit.",
+    )
+    for key, hint in leaf_types(ExperimentConfig).items():
+        parser.add_argument(
+            f"--{key}", type=str, default=None, metavar="VALUE", help=f"Override {key} ({describe(hint)})."
+        )
+
+
+def overrides_from(args) -> dict[str, Any]:
+    """The dotted-key overrides given on the command line, type-checked (ConfigError lists all problems)."""
+    from hpcrl.config.yaml_io import loads_yaml
+
+    flat = args.as_dict() if hasattr(args, "as_dict") else dict(args)
+    hints = leaf_types(ExperimentConfig)
+    out: dict[str, Any] = {}
+    problems: list[Problem] = []
+    for key, hint in hints.items():
+        raw = _get(flat, key)
+        if raw is None:
+            continue
+        try:
+            out[key] = check_value(loads_yaml(raw, f"--{key}"), hint)
+        except (TypeMismatch, ConfigError) as err:
+            try:  # a str field given something YAML reads as a number/bool: take it verbatim
+                out[key] = check_value(raw, hint)
+            except TypeMismatch:
+                problems.append(Problem(f"wrong type: {err}", "command line", key))
+    if problems:
+        raise ConfigError(problems)
+    return out
+
+
+def _get(tree: dict, dotted: str) -> Any:
+    node: Any = tree
+    for part in dotted.split("."):
+        if not isinstance(node, dict):
+            return None
+        node = node.get(part)
+    return node
+
+
+def print_config_if_asked(args, sweep) -> bool:
+    """--print_config: write the first element's resolved config to stdout; True if it did."""
+    if args.print_config is None:
+        return False
+    from hpcrl.config.yaml_io import dump_yaml
+
+    sys.stdout.write(dump_yaml(sweep.elements[0].data))
+    return True

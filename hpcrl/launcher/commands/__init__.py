@@ -1,0 +1,1 @@
+"""CLI command modules of the launcher (each: HELP, add_arguments(parser), main(args) -> int)."""

@@ -1,0 +1,20 @@
+"""`hpcrl cancel SWEEP [INDEX...]`: cancel some elements (or the whole sweep); the others keep running."""
+
+from __future__ import annotations
+
+HELP = "Cancel elements of a sweep (all when no index is given)."
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("sweep", help="Sweep directory.")
+    parser.add_argument("indices", type=int, nargs="*", help="Element indices (default: all).")
+
+
+def main(args) -> int:
+    from hpcrl.launcher import sweeps
+    from hpcrl.launcher.manifest import load_manifest
+
+    manifest = load_manifest(args.sweep)
+    chosen = sweeps.cancel(manifest, list(args.indices) or None)
+    print(f"cancel requested for {len(chosen)} element(s): {' '.join(str(e.index) for e in chosen)}")
+    return 0

@@ -1,0 +1,35 @@
+"""`hpcrl logs SWEEP INDEX`: the log of one element (rank 0's stdout and stderr)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hpcrl.errors import ConfigError, Problem
+
+HELP = "Print the log of one element of a sweep (rank 0 stdout/stderr)."
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("sweep", help="Sweep directory.")
+    parser.add_argument("index", type=int, help="Element index.")
+
+
+def log_files(manifest, index: int) -> list[Path]:
+    from hpcrl.launcher import local, slurm, sweeps
+
+    entry = manifest.entry(index)
+    if entry.job_id is None:
+        raise ConfigError(Problem(f"element {index} was never submitted (state {entry.state})", key="index"))
+    if manifest.executor == "local":
+        return [local.log_path(Path(manifest.sweep_dir), index)]
+    return slurm.log_paths(Path(manifest.sweep_dir) / sweeps.SLURM_DIR, entry.job_id)
+
+
+def main(args) -> int:
+    from hpcrl.launcher.manifest import load_manifest
+
+    manifest = load_manifest(args.sweep)
+    for path in log_files(manifest, args.index):
+        print(f"==> {path} <==")
+        print(path.read_text(errors="replace") if path.exists() else "(not written yet)")
+    return 0

@@ -1,0 +1,50 @@
+"""`hpcrl run TEMPLATE [--index N] [overrides]`: run one resolved config here, in the foreground.
+
+Prints the run directory first. A 1-rank element runs in this process; an N-rank element runs as N
+local processes (torchrun-style environment). This is the main-job command of the README.
+"""
+
+from __future__ import annotations
+
+import os
+
+from hpcrl.errors import ConfigError, Problem
+from hpcrl.launcher.cli_common import add_template_arguments, overrides_from, print_config_if_asked
+
+HELP = "Run one resolved config of a template on this machine (foreground); prints the run dir first."
+
+
+def add_arguments(parser) -> None:
+    add_template_arguments(parser)
+    parser.add_argument("--index", type=int, default=None, help="Which sweep element to run (sweeps only).")
+
+
+def main(args) -> int:
+    from hpcrl.config.resolve import resolve
+    from hpcrl.launcher import local, sweeps
+    from hpcrl.launcher.element import run_element
+
+    sweep = resolve(args.template, overrides_from(args))
+    if print_config_if_asked(args, sweep):
+        return 0
+    if args.index is None and len(sweep.elements) > 1:
+        raise ConfigError(
+            Problem(
+                f"the template is a sweep of {len(sweep.elements)}: pick one with --index",
+                file=str(args.template),
+                key="sweep",
+            )
+        )
+    index = args.index or 0
+    if not 0 <= index < len(sweep.elements):
+        raise ConfigError(Problem(f"--index {index} is outside 0..{len(sweep.elements) - 1}", key="--index"))
+    element = sweep.elements[index]
+    config_path = sweeps.write_config(element)
+    print(f"run dir: {element.run_dir}", flush=True)
+    cluster = element.config.cluster
+    world = cluster.nodes * cluster.tasks_per_node
+    if world == 1:
+        os.environ.update(cluster.env)
+        run_element(config_path, element.run_dir)
+        return 0
+    return local.run_local(config_path, element.run_dir, world, cluster.env)

@@ -1,0 +1,190 @@
+"""Sweep operations behind the CLI: prepare (write configs + manifest), submit, status, cancel, resume.
+
+Order of a submit: resolve + check everything (nothing is written on a config error) -> write each
+element's resolved config into its run dir -> write the manifest (state NEW) -> submit the arrays ->
+rewrite the manifest with job ids. Every manifest write is atomic; a failed sbatch marks the elements
+it covered SUBMIT_FAILED (so `resume` can retry them) and is reported as a ClusterError (exit 1).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from hpcrl.config.resolve import ResolvedConfig, Sweep
+from hpcrl.config.yaml_io import dump_yaml
+from hpcrl.errors import ClusterError
+from hpcrl.launcher import local, slurm
+from hpcrl.launcher.manifest import FINAL, RESUBMITTABLE, Entry, Manifest
+
+CONFIG_FILE = "config.yaml"
+SLURM_DIR = "slurm"
+
+
+def default_sweep_dir(sweep: Sweep) -> Path:
+    first = sweep.elements[0].config
+    digest = hashlib.sha256("".join(e.config_id for e in sweep.elements).encode()).hexdigest()[:6]
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    return (Path(first.run_root) / sweep.name / "sweeps" / f"{stamp}-{digest}").absolute()
+
+
+def write_config(element: ResolvedConfig, run_dir: Path | None = None) -> Path:
+    """The element's resolved config as <run dir>/config.yaml (the file every rank reads)."""
+    run_dir = run_dir or element.run_dir
+    try:  # plain os calls: this runs 10,000 times for a large sweep (benchmarks/launcher.py)
+        os.mkdir(run_dir)
+    except FileExistsError:
+        pass
+    except FileNotFoundError:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / CONFIG_FILE
+    # Same id = same content, so an existing file is already right; skipping the write keeps a
+    # running element's file untouched when a sweep is submitted again. tmp + rename: never half a file.
+    if not os.path.exists(path):
+        tmp = f"{path}.{os.getpid()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, dump_yaml(element.data).encode())
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    return path
+
+
+def prepare(sweep: Sweep, sweep_dir: Path, overrides: dict[str, Any] | None = None) -> Manifest:
+    """Write every element's config and the manifest (state NEW); submits nothing."""
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    entries = []
+    for e in sweep.elements:
+        run_dir = e.run_dir
+        config_path = write_config(e, run_dir)
+        entries.append(
+            Entry(
+                index=e.index,
+                config_id=e.config_id,
+                config_path=str(config_path),
+                run_dir=str(run_dir),
+                swept=e.swept,
+            )
+        )
+    manifest = Manifest(
+        sweep_dir=str(sweep_dir),
+        template=str(sweep.template),
+        name=sweep.name,
+        executor=sweep.elements[0].config.cluster.executor,
+        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        keys=sweep.keys,
+        entries=entries,
+        overrides=overrides or {},
+    )
+    manifest.save()
+    return manifest
+
+
+def render_scripts(
+    sweep: Sweep, manifest: Manifest, max_array: int, python: str
+) -> list[tuple[Path, list[int]]]:
+    """Dry run: the sbatch script of every array job, written to <sweep dir>/sbatch/array-<k>.sh."""
+    out = []
+    folder = Path(manifest.sweep_dir) / SLURM_DIR
+    for k, (params, members) in enumerate(slurm.plan_arrays(sweep.elements, sweep.name, max_array)):
+        path = Path(manifest.sweep_dir) / "sbatch" / f"array-{k}.sh"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(slurm.render_sbatch(params, folder, len(members), python))
+        out.append((path, [m.index for m in members]))
+    return out
+
+
+def submit_elements(manifest: Manifest, elements: list[ResolvedConfig], max_array: int | None = None) -> None:
+    """Submit `elements` (a subset of the manifest's) with the manifest's executor; saves the manifest.
+
+    `max_array`: MaxArraySize, asked from the controller when None.
+    """
+    if manifest.executor == "local":
+        pid = local.start_runner(Path(manifest.sweep_dir), [e.index for e in elements])
+        for e in elements:
+            _set_job(manifest.entries[e.index], f"local:{pid}_{e.index}", "PENDING")
+        manifest.arrays.append({"job_id": f"local:{pid}", "indices": [e.index for e in elements]})
+        manifest.save()
+        return
+    folder = Path(manifest.sweep_dir) / SLURM_DIR
+    plan = slurm.plan_arrays(elements, manifest.name, max_array or slurm.max_array_size())
+    for k, (params, members) in enumerate(plan):
+        entries = [manifest.entries[m.index] for m in members]
+        try:
+            array_id, job_ids, script = slurm.submit_array(
+                params, folder, [e.config_path for e in entries], [e.run_dir for e in entries]
+            )
+        except ClusterError:
+            for _, rest in plan[k:]:
+                for m in rest:
+                    manifest.entries[m.index].state = "SUBMIT_FAILED"
+            manifest.save()
+            raise
+        for job_id, entry in zip(job_ids, entries, strict=True):
+            _set_job(entry, job_id, "PENDING")
+        manifest.arrays.append({"job_id": array_id, "indices": [e.index for e in entries], "script": script})
+        manifest.save()
+
+
+def _set_job(entry: Entry, job_id: str, state: str) -> None:
+    if entry.job_id:
+        entry.attempts.append(entry.job_id)
+    entry.job_id, entry.state = job_id, state
+
+
+def refresh(manifest: Manifest) -> Manifest:
+    """Ask the scheduler for every submitted element's state; save and return the manifest."""
+    submitted = [e for e in manifest.entries if e.job_id]
+    if manifest.executor == "local":
+        for e in submitted:
+            state = local.read_state(Path(manifest.sweep_dir), e.index).get("state", "UNKNOWN")
+            runner_pid = int(e.job_id.split(":")[1].split("_")[0])
+            if state in ("PENDING", "RUNNING") and not local.pid_alive(runner_pid):
+                state = "LOST"
+            e.state = state
+    else:
+        states = slurm.sacct_states([e.job_id.split("_")[0] for e in submitted])
+        for e in submitted:
+            new = states.get(e.job_id)
+            # after our own scancel, only a final state from accounting replaces CANCELLED
+            if new and not (e.state == "CANCELLED" and new not in FINAL):
+                e.state = new
+    manifest.save()
+    return manifest
+
+
+def cancel(manifest: Manifest, indices: list[int] | None) -> list[Entry]:
+    """Cancel the given elements (all when None); returns the entries asked to stop."""
+    chosen = [manifest.entry(i) for i in indices] if indices else list(manifest.entries)
+    chosen = [e for e in chosen if e.job_id]
+    if manifest.executor == "local":
+        for e in chosen:
+            local.cancel_local(Path(manifest.sweep_dir), e.index)
+    else:
+        slurm.scancel(
+            [e.job_id for e in chosen] if indices else sorted({e.job_id.split("_")[0] for e in chosen})
+        )
+    # sacct keeps no record of an array task cancelled while pending: remember the cancel here;
+    # a later refresh overrides it with what sacct knows (e.g. COMPLETED if it had already finished).
+    for e in chosen:
+        if e.state not in FINAL:
+            e.state = "CANCELLED"
+    manifest.save()
+    return chosen
+
+
+def resubmittable(manifest: Manifest) -> list[Entry]:
+    return [e for e in manifest.entries if e.state in RESUBMITTABLE]
+
+
+def restart_count(entry: Entry) -> int:
+    import json
+
+    try:
+        return int(json.loads((Path(entry.run_dir) / "launcher.json").read_text()).get("restart_count", 0))
+    except (FileNotFoundError, ValueError):
+        return 0

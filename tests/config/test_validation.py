@@ -1,0 +1,72 @@
+"""Validation reports ALL problems of a template at once, with file and dotted key, exit 2."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+from hpcrl import cli
+
+BAD = """\
+    name: bad
+    optim:
+      lrr: 1.0e-3              # unknown key, close to `lr`
+    algorithm:
+      steps: many              # wrong type
+    data:
+      source: jsonl            # needs data.path: missing required field
+    parallel:
+      tensor: 3                # does not divide the 8 GPUs
+    cluster:
+      gres: gpu:a100:8
+      tasks_per_node: 8
+    sweep:
+      grid:
+        algorithm.kl_coeff: [0.0, 0.1]       # bad sweep axis, close to algorithm.kl_coef
+      zip:
+        seed: [1, 2, 3]
+        data.task: [copy_digits, even_digits]  # unequal zip lengths
+"""
+
+
+def test_every_mistake_is_reported_with_file_and_key(tmp_path, capsys):
+    base = tmp_path / "base.yaml"
+    base.write_text("name: base\n")
+    template = tmp_path / "bad.yaml"
+    template.write_text("extends: base.yaml\n" + textwrap.dedent(BAD))
+    runs = tmp_path / "runs"
+    assert cli.main(["submit", str(template), "--run_root", str(runs)]) == 2
+    err = capsys.readouterr().err
+    f = str(template)
+    expected = [
+        f"{f}:optim.lrr: unknown key (did you mean 'lr'?)",
+        f"{f}:algorithm.steps: wrong type: expected int, got 'many'",
+        f"{f}:data.path: missing required field",
+        f"{f}:parallel.tensor: layout does not divide the GPU count",
+        f"{f}:cluster.nodes: layout mismatch",
+        f"{f}:sweep.grid.algorithm.kl_coeff: bad sweep axis: 'algorithm.kl_coeff' is not a config key "
+        "(did you mean 'algorithm.kl_coef'?)",
+        f"{f}:sweep.zip: zip axes have unequal lengths (seed=3, data.task=2)",
+    ]
+    for line in expected:
+        assert line in err, f"missing: {line}\n--- got:\n{err}"
+    assert not runs.exists(), "nothing may be written (let alone submitted) for a bad template"
+
+
+def test_layout_rules_name_the_keys(tmp_path, capsys):
+    t = Path(tmp_path / "t.yaml")
+    t.write_text(
+        "parallel: {tensor: 2, rollout_tensor: 4, data: 2}\ncluster: {nodes: 1, tasks_per_node: 2}\n"
+    )
+    assert cli.main(["expand", str(t)]) == 2
+    err = capsys.readouterr().err
+    assert "cluster.nodes: layout mismatch: cluster.nodes*cluster.tasks_per_node = 1*2 = 2 ranks" in err
+    assert "parallel.rollout_tensor: rollout_tensor=4 must divide parallel.tensor=2" in err
+
+
+def test_unsafe_sbatch_directive_values_are_rejected(tmp_path, capsys):
+    t = tmp_path / "t.yaml"
+    t.write_text('cluster: {partition: "debug\\n#SBATCH --wrap=x", env: {"BAD-NAME": "v"}}\n')
+    assert cli.main(["expand", str(t)]) == 2
+    err = capsys.readouterr().err
+    assert "cluster.partition" in err and "cluster.env.BAD-NAME" in err

@@ -1,0 +1,60 @@
+"""The element runner: requeue hook, entrypoint loading, and the shell wrapper launch/hpcrl-sbatch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import submitit
+
+from hpcrl.errors import ConfigError
+from hpcrl.launcher import element
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_checkpoint_runs_requeue_callbacks_and_requeues_the_same_element(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(element, "_requeue_callbacks", [])
+    element.on_requeue(lambda: calls.append("saved"))
+    task = element.ElementTask()
+    delayed = task.checkpoint("cfg.yaml", str(tmp_path))
+    assert calls == ["saved"]
+    assert isinstance(delayed, submitit.helpers.DelayedSubmission)
+    assert delayed.function is task and delayed.args == ("cfg.yaml", str(tmp_path))
+    assert json.loads((tmp_path / element.LAUNCHER_STATE).read_text())["state"] == "REQUEUED"
+
+
+def test_bad_entrypoint_is_a_config_error():
+    with pytest.raises(ConfigError, match="cannot load entrypoint 'hpcrl.nothing:main'"):
+        element.load_entrypoint("hpcrl.nothing:main")
+
+
+def test_hpcrl_sbatch_wrapper_submits_through_slurm_dry_run(tmp_path):
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
+    out = subprocess.run(
+        [
+            str(REPO / "launch/hpcrl-sbatch"),
+            str(REPO / "templates/base.yaml"),
+            "--dry-run",
+            "--cluster.partition",
+            "debug",
+            "--sweep_dir",
+            str(tmp_path / "s"),
+            "--run_root",
+            str(tmp_path / "r"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "#SBATCH --partition=debug" in out.stdout and "nothing submitted" in out.stdout
+    assert (
+        subprocess.run([str(REPO / "launch/hpcrl-sbatch")], capture_output=True, check=False).returncode == 2
+    )

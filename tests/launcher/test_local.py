@@ -1,0 +1,106 @@
+"""The local executor: `hpcrl run` (in-process and N local ranks) and a non-blocking local sweep."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from hpcrl import cli
+from hpcrl.config.yaml_io import load_yaml
+from hpcrl.launcher import local
+from hpcrl.launcher.manifest import load_manifest
+
+PROBE = "entrypoint: hpcrl.launcher.probe:main\n"
+
+
+def test_run_one_rank_in_process_prints_run_dir_first(tmp_path, capsys):
+    template = tmp_path / "t.yaml"
+    template.write_text(
+        PROBE + f"name: one\nrun_root: {tmp_path / 'runs'}\ncluster: {{env: {{PROBE_VALUE: 'a;b'}}}}\n"
+    )
+    assert cli.main(["run", str(template)]) == 0
+    first_line = capsys.readouterr().out.splitlines()[0]
+    assert first_line.startswith("run dir: ")
+    run_dir = Path(first_line.removeprefix("run dir: "))
+    result = json.loads((run_dir / "probe.json").read_text())
+    assert result["world_size"] == 1 and result["all_reduce"] == 1.0
+    assert result["config_id"] == run_dir.name  # the id the rank computes from what it received
+    assert result["env"] == {"PROBE_VALUE": "a;b"}
+    assert json.loads((run_dir / "launcher.json").read_text())["state"] == "COMPLETED"
+
+
+@pytest.mark.dist
+def test_run_two_local_ranks_forms_a_group(tmp_path, capsys):
+    template = tmp_path / "t.yaml"
+    template.write_text(
+        PROBE + f"run_root: {tmp_path / 'runs'}\nparallel: {{data: 2}}\ncluster: {{tasks_per_node: 2}}\n"
+    )
+    assert cli.main(["run", str(template)]) == 0
+    run_dir = Path(capsys.readouterr().out.splitlines()[0].removeprefix("run dir: "))
+    result = json.loads((run_dir / "probe.json").read_text())
+    assert result["world_size"] == 2 and result["all_reduce"] == 3.0
+
+
+def test_run_of_a_sweep_needs_an_index(tmp_path, capsys):
+    template = tmp_path / "t.yaml"
+    template.write_text(PROBE + "sweep: {grid: {seed: [1, 2]}}\n")
+    assert cli.main(["run", str(template)]) == 2
+    assert "pick one with --index" in capsys.readouterr().err
+
+
+@pytest.mark.dist
+def test_local_sweep_is_non_blocking_and_reports_status(tmp_path, capsys):
+    template = tmp_path / "t.yaml"
+    template.write_text(
+        PROBE + f"name: loc\nrun_root: {tmp_path / 'runs'}\ncluster: {{array_parallelism: 2}}\n"
+        "sweep: {grid: {seed: [1, 2]}}\n"
+    )
+    sweep_dir = tmp_path / "sweep"
+    assert cli.main(["expand", str(template), "--json"]) == 0
+    expanded = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    start = time.monotonic()
+    assert cli.main(["submit", str(template), "--sweep_dir", str(sweep_dir)]) == 0
+    assert time.monotonic() - start < 5, "submit must not wait for the elements"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        capsys.readouterr()
+        assert cli.main(["status", str(sweep_dir), "--json"]) == 0
+        status = json.loads(capsys.readouterr().out)
+        if status["counts"].get("COMPLETED") == 2:
+            break
+        time.sleep(1)
+    assert status["counts"] == {"COMPLETED": 2}, status
+    manifest = load_manifest(sweep_dir)
+    for entry, shown in zip(manifest.entries, expanded, strict=True):
+        assert load_yaml(entry.config_path) == shown["config"]
+        assert entry.config_id == shown["config_id"]
+    assert cli.main(["logs", str(sweep_dir), "1"]) == 0
+    assert "1.log" in capsys.readouterr().out
+
+
+@pytest.mark.dist
+def test_local_cancel_stops_running_and_pending_elements(tmp_path, capsys):
+    template = tmp_path / "t.yaml"
+    template.write_text(
+        PROBE + f"name: lc\nrun_root: {tmp_path / 'runs'}\n"
+        "cluster: {array_parallelism: 1, env: {HPCRL_PROBE_SLEEP_S: '60'}}\n"
+        "sweep: {grid: {seed: [1, 2]}}\n"
+    )
+    sweep_dir = tmp_path / "sweep"
+    assert cli.main(["submit", str(template), "--sweep_dir", str(sweep_dir)]) == 0
+    deadline = time.monotonic() + 30
+    while local.read_state(sweep_dir, 0).get("state") != "RUNNING" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    pgid = local.read_state(sweep_dir, 0)["pgid"]
+    assert cli.main(["cancel", str(sweep_dir)]) == 0
+    deadline = time.monotonic() + 20
+    while local.pid_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not local.pid_alive(pgid), "the running element's ranks must be stopped"
+    time.sleep(1)
+    capsys.readouterr()
+    assert cli.main(["status", str(sweep_dir), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["counts"] == {"CANCELLED": 2}

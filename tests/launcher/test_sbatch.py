@@ -1,0 +1,80 @@
+"""The sbatch script is one pure function; a golden file pins it for the a100-ib profile."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from hpcrl.config.resolve import resolve
+from hpcrl.launcher.sbatch import render_sbatch, sbatch_parameters
+
+REPO = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).parent / "golden" / "a100-ib.sbatch"
+FOLDER = "/scratch/hpcrl/sweeps/a100-grpo/slurm"
+PYTHON = "/opt/hpcrl/.venv/bin/python"
+
+
+def a100_script() -> str:
+    sweep = resolve(REPO / "templates/examples/a100-grpo-sweep.yaml")
+    params = sbatch_parameters(sweep.elements[0].config.cluster, sweep.name)
+    return render_sbatch(params, FOLDER, len(sweep.elements), PYTHON)
+
+
+def test_a100_ib_script_matches_golden_file():
+    text = a100_script()
+    if os.environ.get("HPCRL_UPDATE_GOLDEN") == "1":
+        GOLDEN.write_text(text)
+    assert text == GOLDEN.read_text(), "rendered sbatch changed; rerun with HPCRL_UPDATE_GOLDEN=1 if intended"
+    for line in (
+        "#SBATCH --gres=gpu:a100:8",
+        "#SBATCH --exclusive",
+        "#SBATCH --constraint='a100&ib'",
+        "#SBATCH --nodes=2",
+        "#SBATCH --ntasks-per-node=8",
+        "#SBATCH --array=0-3%4",
+        "export NCCL_SOCKET_IFNAME=ib0",
+        "export NCCL_IB_GID_INDEX=3",
+    ):
+        assert line in text.splitlines(), line
+
+
+def test_render_is_what_submitits_executor_writes(tmp_path):
+    if shutil.which("srun") is None:
+        pytest.skip("submitit's SlurmExecutor needs srun on PATH")
+    import submitit
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    sweep = resolve(REPO / "templates/examples/a100-grpo-sweep.yaml")
+    params = sbatch_parameters(sweep.elements[0].config.cluster, sweep.name)
+    executor = submitit.SlurmExecutor(folder=tmp_path, python=PYTHON)
+    executor.update_parameters(**params)
+    # exactly what SlurmExecutor._internal_process_submissions renders for an array of 4
+    theirs = _make_sbatch_string(
+        command=executor._submitit_command_str, folder=executor.folder, map_count=4, **executor.parameters
+    )
+    assert render_sbatch(params, executor.folder, 4, PYTHON) == theirs
+
+
+def test_hostile_env_values_stay_inert_in_bash(tmp_path):
+    """Values with $(...), backticks, ;, newlines and quotes: bash sees data, runs nothing."""
+    marker = tmp_path / "X"
+    hostile = {
+        "A": f"$(touch {marker})",
+        "B": f"`touch {marker}`",
+        "C": f"x; touch {marker}",
+        "D": f"line1\ntouch {marker}\n",
+        "E": f"it's \"quoted\" ' ; touch {marker}",
+    }
+    template = tmp_path / "t.yaml"
+    template.write_text("cluster:\n  env: " + json.dumps(hostile) + "\n")
+    cluster = resolve(template).elements[0].config.cluster
+    params = sbatch_parameters(cluster, "x")
+    script = "\n".join(params["setup"]) + "\n" + "".join(f'printf "%s\\0" "${k}"\n' for k in hostile)
+    out = subprocess.run(["bash", "-c", script], capture_output=True, check=True).stdout
+    assert out.split(b"\0")[:-1] == [v.encode() for v in hostile.values()]
+    assert not marker.exists()
