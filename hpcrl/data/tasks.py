@@ -1,0 +1,112 @@
+"""Built-in prompt tasks for the CPU demo: tiny digit puzzles with an exact rule for the reward.
+
+Prompts look like `"412="` (or `"12+34="`); a response is the characters the model writes before <eos>.
+Scores give partial credit per position, `matches / max(len(answer), len(response))`, so too long and too
+short responses both lose, and only an exact answer scores 1.0. `even_digits` has no single answer: its
+score is the share of the `num_digits` response positions that hold an even digit.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hpcrl.errors import ConfigError, Problem
+
+
+@dataclass(frozen=True)
+class Example:
+    prompt: str
+    answer: str
+
+
+def positional_score(response: str, answer: str) -> float:
+    """Share of positions where response and answer agree, over the longer of the two."""
+    if not answer and not response:
+        return 1.0
+    matches = sum(a == b for a, b in zip(response, answer, strict=False))
+    return matches / max(len(answer), len(response))
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    alphabet: str
+    make: Callable[[random.Random, int], Example]
+    """A random example with `num_digits` digits."""
+    score: Callable[[str, str], float]
+    """(response, answer) -> reward in [0, 1]."""
+
+    def num_distinct(self, num_digits: int) -> int:
+        return 100**num_digits if self.name == "add_digits" else 10**num_digits
+
+
+def _digits(rng: random.Random, n: int) -> str:
+    return "".join(rng.choice("0123456789") for _ in range(n))
+
+
+def _copy(rng: random.Random, n: int) -> Example:
+    d = _digits(rng, n)
+    return Example(f"{d}=", d)
+
+
+def _reverse(rng: random.Random, n: int) -> Example:
+    d = _digits(rng, n)
+    return Example(f"{d}=", d[::-1])
+
+
+def _add(rng: random.Random, n: int) -> Example:
+    a, b = _digits(rng, n), _digits(rng, n)
+    return Example(f"{a}+{b}=", str(int(a) + int(b)))
+
+
+def _even(rng: random.Random, n: int) -> Example:
+    return Example(f"{_digits(rng, n)}=", "0" * n)  # the answer only fixes the length
+
+
+def _even_score(response: str, answer: str) -> float:
+    return sum(ch in "02468" for ch in response[: len(answer)]) / max(len(answer), len(response))
+
+
+TASKS: dict[str, Task] = {
+    "copy_digits": Task("copy_digits", "0123456789=", _copy, positional_score),
+    "reverse_digits": Task("reverse_digits", "0123456789=", _reverse, positional_score),
+    "add_digits": Task("add_digits", "0123456789+=", _add, positional_score),
+    "even_digits": Task("even_digits", "0123456789=", _even, _even_score),
+}
+
+ALPHABET = "0123456789+="
+"""One alphabet for all built-in tasks, so a tokenizer (and a checkpoint) works for any of them."""
+
+
+def get_task(name: str) -> Task:
+    try:
+        return TASKS[name]
+    except KeyError:
+        raise ConfigError(
+            Problem(f"unknown task {name!r}; known: {sorted(TASKS)}", key="data.task")
+        ) from None
+
+
+def make_splits(task: Task, num_digits: int, train_size: int, heldout_size: int, seed: int):
+    """(train, heldout) examples. Held-out prompts are distinct and never appear in train; train samples
+    the remaining prompts (with repeats when the task has fewer distinct prompts than `train_size`)."""
+    if train_size <= 0:
+        raise ConfigError(Problem("must be > 0 (an empty dataset cannot train)", key="data.train_size"))
+    distinct = task.num_distinct(num_digits)
+    if heldout_size >= distinct:
+        raise ConfigError(
+            Problem(f"{heldout_size} >= {distinct} distinct prompts of {task.name}", key="data.heldout_size")
+        )
+    rng = random.Random(seed)
+    heldout: dict[str, Example] = {}
+    while len(heldout) < heldout_size:
+        ex = task.make(rng, num_digits)
+        heldout.setdefault(ex.prompt, ex)
+    train: list[Example] = []
+    while len(train) < train_size:
+        ex = task.make(rng, num_digits)
+        if ex.prompt not in heldout:
+            train.append(ex)
+    return train, list(heldout.values())

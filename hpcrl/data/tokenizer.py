@@ -1,0 +1,66 @@
+"""Character-level tokenizer for the built-in tasks, built with `tokenizers` (WordLevel, one char a token).
+
+It is an ordinary `PreTrainedTokenizerFast`, so it saves next to an HF model directory and reloads
+offline. Reserved (non-special) tokens fill the vocabulary up to the model's `vocab_size`, so every id
+the model can sample decodes to something visible (`<r3>`) and is never silently dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+from hpcrl.errors import ConfigError, Problem
+
+SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
+
+
+def build_char_tokenizer(alphabet: str, vocab_size: int | None = None) -> PreTrainedTokenizerFast:
+    """Ids: <pad>=0, <bos>=1, <eos>=2, <unk>=3, then the alphabet's characters in order, then reserved."""
+    chars = list(dict.fromkeys(alphabet))
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    for ch in chars:
+        vocab[ch] = len(vocab)
+    if vocab_size is not None:
+        if vocab_size < len(vocab):
+            raise ConfigError(
+                Problem(f"is {vocab_size} but the tokenizer needs {len(vocab)} ids", key="model.vocab_size")
+            )
+        for i in range(vocab_size - len(vocab)):
+            vocab[f"<r{i}>"] = len(vocab)
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
+    )
+
+
+def encode_prompts(
+    tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], max_prompt_length: int
+) -> list[list[int]]:
+    """Token ids per prompt (with BOS when the tokenizer has one). A prompt longer than
+    `max_prompt_length` tokens, or an empty one, raises ConfigError naming it: never silently cut."""
+    ids = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
+    bos = tokenizer.bos_token_id
+    out: list[list[int]] = []
+    problems: list[Problem] = []
+    for i, (text, row) in enumerate(zip(prompts, ids, strict=True)):
+        row = ([bos] if bos is not None else []) + list(row)
+        if len(row) > max_prompt_length:
+            problems.append(
+                Problem(
+                    f"prompt {i} ({text[:40]!r}) has {len(row)} tokens > {max_prompt_length}",
+                    key="data.max_prompt_length",
+                )
+            )
+        if not text:
+            problems.append(Problem(f"prompt {i} is empty", key="data.prompt_key"))
+        out.append(row)
+    if problems:
+        raise ConfigError(
+            problems[:10] + ([Problem(f"... and {len(problems) - 10} more")] if len(problems) > 10 else [])
+        )
+    return out

@@ -1,0 +1,58 @@
+"""MetricsLogger: the sinks a LoggingConfig asks for, on the main rank only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hpcrl.metrics.config import LoggingConfig
+from hpcrl.metrics.plot import plot_reward_curve
+from hpcrl.metrics.sinks import METRICS_FILE, JsonlWriter, ProgressBar, TensorBoardWriter, read_jsonl
+
+
+class MetricsLogger:
+    """Fans each step's record out to JSONL / TensorBoard / progress bar; writes reward.png on close.
+
+    On non-main ranks every call is a no-op, so callers need no rank checks.
+    """
+
+    def __init__(
+        self,
+        cfg: LoggingConfig,
+        run_dir: Path,
+        total_steps: int,
+        *,
+        is_main: bool = True,
+        start_step: int = 0,
+        force_progress: bool = False,
+    ):
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.sinks: list[Any] = []
+        self.is_main = is_main
+        if not is_main:
+            return
+        if cfg.jsonl:
+            self.sinks.append(JsonlWriter(self.run_dir))
+        if cfg.tensorboard:
+            self.sinks.append(TensorBoardWriter(self.run_dir))
+        if cfg.progress:
+            self.sinks.append(ProgressBar(total_steps, start_step, force=force_progress))
+
+    def log(self, record: dict[str, Any]) -> None:
+        if "step" not in record:
+            raise ValueError(f"metrics record without 'step': {sorted(record)}")
+        for sink in self.sinks:
+            sink.write(record)
+
+    def close(self) -> Path | None:
+        """Close sinks; return the reward plot's path when one was written."""
+        for sink in self.sinks:
+            sink.close()
+        self.sinks = []
+        metrics = self.run_dir / METRICS_FILE
+        if self.is_main and self.cfg.plot and metrics.exists():
+            records = read_jsonl(metrics)
+            if records:
+                return plot_reward_curve(records, self.run_dir / "reward.png", title=self.run_dir.name)
+        return None

@@ -1,0 +1,99 @@
+"""Metric sinks: JSONL file, TensorBoard, a rich progress bar with live reward.
+
+A record is a flat dict of JSON-serialisable scalars with a `step` key; slash-separated names group
+metrics (`reward/mean`, `time/generate_s`). Each sink has `write(record)` and `close()`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, TextIO
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # strict JSON has no NaN/Infinity
+    return value
+
+
+class JsonlWriter:
+    """Appends one JSON object per step to <run_dir>/metrics.jsonl (flushed each step, so a crash
+    or preemption keeps every finished step)."""
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / METRICS_FILE
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh: TextIO = self.path.open("a")
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._fh.write(json.dumps({k: _jsonable(v) for k, v in record.items()}, sort_keys=False) + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    with Path(path).open() as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+class TensorBoardWriter:
+    """Scalars under <run_dir>/tb, one tag per metric name."""
+
+    def __init__(self, run_dir: Path):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=str(Path(run_dir) / "tb"))
+
+    def write(self, record: dict[str, Any]) -> None:
+        step = int(record["step"])
+        for name, value in record.items():
+            if name != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                self.writer.add_scalar(name, value, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class ProgressBar:
+    """rich progress bar: steps done, elapsed, and the latest train / held-out reward.
+
+    On a terminal it redraws live; otherwise (logs, CI) rich prints the bar once per update line
+    only when `force` is set, so batch logs stay short.
+    """
+
+    def __init__(self, total_steps: int, start_step: int = 0, force: bool = False):
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        console = Console(stderr=True, force_terminal=True if force else None)
+        self.enabled = force or console.is_terminal
+        self.progress = Progress(
+            TextColumn("[bold]RL"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[status]}"),
+            console=console,
+            disable=not self.enabled,
+        )
+        self.task = self.progress.add_task("rl", total=total_steps, completed=start_step, status="")
+        self.heldout: float | None = None
+        self.progress.start()
+
+    def write(self, record: dict[str, Any]) -> None:
+        if record.get("reward/heldout") is not None:
+            self.heldout = record["reward/heldout"]
+        status = f"reward {record.get('reward/mean', float('nan')):.3f}"
+        if self.heldout is not None:
+            status += f"  held-out {self.heldout:.3f}"
+        self.progress.update(self.task, completed=int(record["step"]) + 1, status=status)
+
+    def close(self) -> None:
+        self.progress.stop()

@@ -1,0 +1,117 @@
+"""Score a batch of responses and apply the NaN / exception policy.
+
+nan_policy `error`: the first sample whose reward raises or is not finite stops the run with a
+RewardError naming the sample, the reward and the cause. `skip`: such samples are dropped from the
+batch (`keep_B` False), counted in `num_skipped` and logged; they never reach an update.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from hpcrl.data.config import DataConfig
+from hpcrl.errors import ConfigError, Problem
+from hpcrl.rewards.config import RewardConfig
+from hpcrl.rewards.rules import RULES, task_rule
+
+log = logging.getLogger(__name__)
+
+BatchScorer = Callable[[Sequence[str], Sequence[str], Sequence[str]], list[float | Exception]]
+"""(prompts, responses, answers) -> one score per response; an Exception in place of a score that raised."""
+NAN_POLICIES = ("error", "skip")
+
+
+class RewardError(RuntimeError):
+    """A reward raised or returned a non-finite value under nan_policy=error."""
+
+
+@dataclass
+class RewardResult:
+    scores_B: torch.Tensor
+    """Rewards (0.0 where skipped)."""
+    keep_B: torch.Tensor
+    """False for skipped samples."""
+    num_skipped: int
+    reasons: list[str]
+
+
+def rule_batch_scorer(rule: Callable[[str, str, str], float]) -> BatchScorer:
+    """Apply a per-sample rule; a raising sample yields its exception, handled by the policy."""
+
+    def score(prompts, responses, answers):
+        out = []
+        for p, r, a in zip(prompts, responses, answers, strict=True):
+            try:
+                out.append(float(rule(p, r, a)))
+            except Exception as err:  # a user reward may raise anything; the policy decides
+                out.append(err)
+        return out
+
+    score.__name__ = getattr(rule, "__name__", "rule")
+    return score
+
+
+def build_scorer(reward: RewardConfig, data: DataConfig) -> BatchScorer:
+    """The batch scorer for `reward.name` (the reward model loads its weights here)."""
+    problems = []
+    if reward.nan_policy not in NAN_POLICIES:
+        problems.append(
+            Problem(f"{reward.nan_policy!r} is not one of {NAN_POLICIES}", key="reward.nan_policy")
+        )
+    if reward.name == "model":
+        if reward.model_path is None:
+            problems.append(Problem("name=model needs a model_path", key="reward.model_path"))
+        if problems:
+            raise ConfigError(problems)
+        from hpcrl.rewards.reward_model import RewardModelScorer
+
+        return RewardModelScorer(reward.model_path)
+    if reward.name == "task":
+        if data.source != "builtin":
+            problems.append(Problem("reward 'task' needs data.source=builtin", key="reward.name"))
+        if problems:
+            raise ConfigError(problems)
+        return rule_batch_scorer(task_rule(data.task))
+    if reward.name not in RULES:
+        known = sorted([*RULES, "task", "model"])
+        problems.append(Problem(f"unknown reward {reward.name!r}; known: {known}", key="reward.name"))
+    if problems:
+        raise ConfigError(problems)
+    return rule_batch_scorer(RULES[reward.name])
+
+
+def score_batch(
+    scorer: BatchScorer,
+    prompts: Sequence[str],
+    responses: Sequence[str],
+    answers: Sequence[str],
+    nan_policy: str,
+) -> RewardResult:
+    values = scorer(prompts, responses, answers)
+    if len(values) != len(responses):
+        raise RewardError(
+            f"reward {_name(scorer)} returned {len(values)} scores for {len(responses)} responses"
+        )
+    keep, reasons, scores = [], [], []
+    for i, value in enumerate(values):
+        raised = isinstance(value, Exception)
+        bad = raised or not math.isfinite(value)
+        if bad:
+            cause = f"raised {value!r}" if raised else f"returned {value}"
+            reason = f"sample {i} (response {responses[i][:40]!r}): reward {_name(scorer)} {cause}"
+            if nan_policy == "error":
+                raise RewardError(reason + " (reward.nan_policy=error; use skip to drop such samples)")
+            reasons.append(reason)
+            log.warning("skipping %s", reason)
+        keep.append(not bad)
+        scores.append(0.0 if bad else float(value))
+    return RewardResult(torch.tensor(scores, dtype=torch.float32), torch.tensor(keep), len(reasons), reasons)
+
+
+def _name(scorer: BatchScorer) -> str:
+    return getattr(scorer, "__name__", type(scorer).__name__)

@@ -1,0 +1,207 @@
+"""Advantage estimators: small pure functions plus a registry keyed by `AlgorithmConfig.name`.
+
+Shape legend: B = sequences in the batch (prompts x samples), T = response tokens (right padded).
+`mask_BT` is 1.0 on real response tokens and 0.0 on padding. Outcome-reward estimators (GRPO, RLOO,
+ReMax) give every token of a response the same advantage; GAE and REINFORCE++ work on per-token rewards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from hpcrl.rl.losses import masked_mean
+
+
+@dataclass(kw_only=True)
+class AdvantageInputs:
+    """Everything an estimator may read; each uses only what its algorithm needs."""
+
+    scores_B: torch.Tensor
+    """Outcome reward per sequence."""
+    token_rewards_BT: torch.Tensor
+    """Per-token rewards: the outcome on the last real token, minus any KL penalty."""
+    mask_BT: torch.Tensor
+    """1.0 on real response tokens."""
+    group_ids_B: torch.Tensor
+    """Which prompt each sequence answers (GRPO / RLOO groups)."""
+    values_BT: torch.Tensor | None = None
+    """Critic values V(s_t) (PPO / GAE)."""
+    baseline_scores_B: torch.Tensor | None = None
+    """Reward of the greedy response of the same prompt (ReMax)."""
+    gamma: float = 1.0
+    lam: float = 0.95
+    norm_adv_by_std: bool = True
+
+
+@dataclass(kw_only=True)
+class AdvantageOutput:
+    advantages_BT: torch.Tensor
+    returns_BT: torch.Tensor
+    """Targets of the value loss (PPO); for critic-free estimators a copy of the advantages."""
+
+
+def masked_whiten(x_BT: torch.Tensor, mask_BT: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """(x - mean) / sqrt(var + eps) over the masked entries (unbiased variance); padding stays 0."""
+    mean = masked_mean(x_BT, mask_BT)
+    centered = (x_BT - mean) * mask_BT
+    count = mask_BT.sum()
+    var = (centered**2).sum() / (count - 1).clamp(min=1)
+    return centered * torch.rsqrt(var + eps) * mask_BT
+
+
+def outcome_to_token_rewards(scores_B: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
+    """Place each sequence's outcome reward on its last real token (0 elsewhere)."""
+    lengths_B = mask_BT.sum(dim=1).long()
+    rewards_BT = torch.zeros_like(mask_BT, dtype=scores_B.dtype)
+    has_tokens = lengths_B > 0
+    rows = torch.arange(mask_BT.shape[0])[has_tokens]
+    rewards_BT[rows, lengths_B[has_tokens] - 1] = scores_B[has_tokens]
+    return rewards_BT
+
+
+def discounted_returns(token_rewards_BT: torch.Tensor, mask_BT: torch.Tensor, gamma: float) -> torch.Tensor:
+    """G_t = r_t + gamma * G_{t+1}, stopping at padding (returns are 0 on padding)."""
+    returns_BT = torch.zeros_like(token_rewards_BT)
+    running_B = torch.zeros_like(token_rewards_BT[:, 0])
+    for t in reversed(range(token_rewards_BT.shape[1])):
+        running_B = (token_rewards_BT[:, t] + gamma * running_B) * mask_BT[:, t]
+        returns_BT[:, t] = running_B
+    return returns_BT
+
+
+def gae(
+    token_rewards_BT: torch.Tensor, values_BT: torch.Tensor, mask_BT: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalized Advantage Estimation (Schulman et al. 2016, "High-Dimensional Continuous Control
+    Using GAE", eq. 16): delta_t = r_t + gamma V(s_{t+1}) - V(s_t), A_t = sum_l (gamma lam)^l delta_{t+l}.
+
+    V after the last real token is 0 (the episode ends). Returns (advantages_BT, returns_BT = A + V),
+    both 0 on padding. Not whitened; `ppo_advantages` whitens.
+    """
+    advantages_BT = torch.zeros_like(token_rewards_BT)
+    last_gae_B = torch.zeros_like(token_rewards_BT[:, 0])
+    next_value_B = torch.zeros_like(token_rewards_BT[:, 0])
+    for t in reversed(range(token_rewards_BT.shape[1])):
+        m_B = mask_BT[:, t]
+        delta_B = token_rewards_BT[:, t] + gamma * next_value_B - values_BT[:, t]
+        last_gae_B = (delta_B + gamma * lam * last_gae_B) * m_B
+        advantages_BT[:, t] = last_gae_B
+        # A padded position passes the next real value through unchanged (right padding: stays 0).
+        next_value_B = values_BT[:, t] * m_B + next_value_B * (1 - m_B)
+    returns_BT = (advantages_BT + values_BT) * mask_BT
+    return advantages_BT, returns_BT
+
+
+def _group_stats(scores_B: torch.Tensor, group_ids_B: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Per-sequence mean, unbiased std and size of its group."""
+    _, inverse_B = torch.unique(group_ids_B, return_inverse=True)
+    num_groups = int(inverse_B.max()) + 1
+    size_G = torch.zeros(num_groups, dtype=scores_B.dtype).index_add_(0, inverse_B, torch.ones_like(scores_B))
+    sum_G = torch.zeros(num_groups, dtype=scores_B.dtype).index_add_(0, inverse_B, scores_B)
+    mean_G = sum_G / size_G
+    sq_G = torch.zeros(num_groups, dtype=scores_B.dtype).index_add_(
+        0, inverse_B, (scores_B - mean_G[inverse_B]) ** 2
+    )
+    std_G = torch.sqrt(sq_G / (size_G - 1).clamp(min=1))
+    return mean_G[inverse_B], std_G[inverse_B], size_G[inverse_B]
+
+
+def grpo(
+    scores_B: torch.Tensor,
+    group_ids_B: torch.Tensor,
+    mask_BT: torch.Tensor,
+    norm_by_std: bool = True,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """Group-relative advantage (Shao et al. 2024, DeepSeekMath, §4.1.2 "outcome supervision"):
+    A_i = (r_i - mean(r_group)) / (std(r_group) + eps), broadcast to every token of response i.
+
+    `norm_by_std=False` drops the division (Liu et al. 2025, "Understanding R1-Zero-Like Training",
+    Dr. GRPO §3.1). std is the unbiased sample std (as verl); a group of one gets advantage 0.
+    """
+    mean_B, std_B, size_B = _group_stats(scores_B, group_ids_B)
+    adv_B = scores_B - mean_B
+    if norm_by_std:
+        adv_B = adv_B / (std_B + eps)
+    adv_B = torch.where(size_B > 1, adv_B, torch.zeros_like(adv_B))
+    return adv_B[:, None] * mask_BT
+
+
+def rloo(scores_B: torch.Tensor, group_ids_B: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
+    """REINFORCE Leave-One-Out (Ahmadian et al. 2024, "Back to Basics", §3.2; Kool et al. 2019):
+    A_i = r_i - 1/(k-1) sum_{j != i} r_j = k/(k-1) (r_i - mean(r_group)) for a group of k samples.
+
+    Needs k >= 2 samples per prompt: a smaller group raises ValueError.
+    """
+    mean_B, _, size_B = _group_stats(scores_B, group_ids_B)
+    if bool((size_B < 2).any()):
+        bad = group_ids_B[size_B < 2].unique().tolist()
+        raise ValueError(f"RLOO needs >= 2 samples per prompt; groups {bad} have 1")
+    adv_B = size_B / (size_B - 1) * (scores_B - mean_B)
+    return adv_B[:, None] * mask_BT
+
+
+def remax(scores_B: torch.Tensor, baseline_scores_B: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
+    """ReMax (Li et al. 2024, "ReMax", Algorithm 1): A_i = r(x, y_i) - r(x, y_greedy), the reward of
+    the greedy response to the same prompt as the baseline; broadcast to every token."""
+    return (scores_B - baseline_scores_B)[:, None] * mask_BT
+
+
+def reinforce_pp(token_rewards_BT: torch.Tensor, mask_BT: torch.Tensor, gamma: float) -> torch.Tensor:
+    """REINFORCE++ (Hu 2025, "REINFORCE++", §3): A_t = sum_{k>=t} gamma^{k-t} r_k (token rewards include
+    the per-token KL penalty), then normalised over the whole global batch: (A - mean) / std."""
+    returns_BT = discounted_returns(token_rewards_BT, mask_BT, gamma)
+    return masked_whiten(returns_BT, mask_BT)
+
+
+# --- registry: AlgorithmConfig.name -> estimator over AdvantageInputs ---------------------------------
+
+
+def _ppo(inp: AdvantageInputs) -> AdvantageOutput:
+    if inp.values_BT is None:
+        raise ValueError("ppo (GAE) needs critic values: values_BT is None")
+    adv_BT, ret_BT = gae(inp.token_rewards_BT, inp.values_BT, inp.mask_BT, inp.gamma, inp.lam)
+    return AdvantageOutput(advantages_BT=masked_whiten(adv_BT, inp.mask_BT), returns_BT=ret_BT)
+
+
+def _grpo(inp: AdvantageInputs) -> AdvantageOutput:
+    adv_BT = grpo(inp.scores_B, inp.group_ids_B, inp.mask_BT, inp.norm_adv_by_std)
+    return AdvantageOutput(advantages_BT=adv_BT, returns_BT=adv_BT)
+
+
+def _rloo(inp: AdvantageInputs) -> AdvantageOutput:
+    adv_BT = rloo(inp.scores_B, inp.group_ids_B, inp.mask_BT)
+    return AdvantageOutput(advantages_BT=adv_BT, returns_BT=adv_BT)
+
+
+def _remax(inp: AdvantageInputs) -> AdvantageOutput:
+    if inp.baseline_scores_B is None:
+        raise ValueError("remax needs the greedy baseline rewards: baseline_scores_B is None")
+    adv_BT = remax(inp.scores_B, inp.baseline_scores_B, inp.mask_BT)
+    return AdvantageOutput(advantages_BT=adv_BT, returns_BT=adv_BT)
+
+
+def _reinforce_pp(inp: AdvantageInputs) -> AdvantageOutput:
+    adv_BT = reinforce_pp(inp.token_rewards_BT, inp.mask_BT, inp.gamma)
+    return AdvantageOutput(advantages_BT=adv_BT, returns_BT=adv_BT)
+
+
+ESTIMATORS: dict[str, Callable[[AdvantageInputs], AdvantageOutput]] = {
+    "ppo": _ppo,
+    "grpo": _grpo,
+    "rloo": _rloo,
+    "remax": _remax,
+    "reinforce_pp": _reinforce_pp,
+}
+"""Online algorithms by name. `dpo` is offline and has no estimator (see losses.dpo_loss)."""
+
+
+def compute_advantages(name: str, inp: AdvantageInputs) -> AdvantageOutput:
+    try:
+        estimator = ESTIMATORS[name]
+    except KeyError:
+        raise ValueError(f"unknown advantage estimator {name!r}; known: {sorted(ESTIMATORS)}") from None
+    return estimator(inp)

@@ -1,0 +1,241 @@
+"""The single-controller RL dataflow (HybridFlow §4): generate -> reward -> ref/old log-probs -> values ->
+advantages -> update, as plain code over worker groups.
+
+Placement is colocated: actor, reference, critic and rollout live on the same ranks; before generating,
+the actor's weights go train -> rollout through the reshard engine (`ActorWorker.sync_weights_to`). Every
+rank runs this code on the same global tensors (see workers.py); rank 0 logs.
+
+One step, for B = prompts_per_step x samples_per_prompt sequences:
+  1. reshard actor -> rollout; 2. sample B responses (+ their rollout log-probs); 3. score them (skipped
+  samples are dropped); 4. old log-probs (actor), ref log-probs (reference, when kl_coef > 0), values
+  (critic, ppo); 5. token rewards = outcome on the last token (- kl_coef * KL when kl_in_reward);
+  6. advantages (registry); 7. ppo_epochs actor updates (+ critic updates).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+from hpcrl.data.cursor import PromptSampler
+from hpcrl.data.tasks import Example
+from hpcrl.rewards.scoring import BatchScorer, score_batch
+from hpcrl.rl.advantages import AdvantageInputs, compute_advantages, outcome_to_token_rewards
+from hpcrl.rl.config import AlgorithmConfig
+from hpcrl.rl.experience import Experience
+from hpcrl.rl.losses import kl_penalty, masked_mean
+from hpcrl.rl.objectives import policy_loss_fn, value_loss_fn
+from hpcrl.rl.workers import ActorWorker, RolloutWorker, TrainerWorker, logprobs_of, values_of
+from hpcrl.rollout.base import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Workers:
+    actor: ActorWorker
+    rollout: RolloutWorker
+    reference: TrainerWorker | None = None
+    critic: TrainerWorker | None = None
+
+
+@dataclass
+class PromptCodec:
+    """Text <-> token ids for prompts and responses (the tokenizer plus the prompt length rule)."""
+
+    encode: Callable[[list[str]], list[list[int]]]
+    decode: Callable[[list[int]], str]
+    eos_id: int
+
+
+@dataclass
+class PhaseTimer:
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def phase(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+
+class RLDriver:
+    def __init__(
+        self,
+        algo: AlgorithmConfig,
+        sampling: SamplingParams,
+        samples_per_prompt: int,
+        workers: Workers,
+        codec: PromptCodec,
+        scorer: BatchScorer,
+        nan_policy: str,
+        sampler: PromptSampler[Example],
+        heldout: list[Example],
+        seed: int = 0,
+    ):
+        self.algo, self.sampling, self.k = algo, sampling, samples_per_prompt
+        self.workers, self.codec, self.scorer, self.nan_policy = workers, codec, scorer, nan_policy
+        self.sampler, self.heldout, self.seed = sampler, heldout, seed
+        self.policy_loss = policy_loss_fn(algo)
+        self.value_loss = value_loss_fn(algo)
+
+    # ------------------------------------------------------------------------------------------- pieces
+    def _decode(self, ids_BT: torch.Tensor, mask_BT: torch.Tensor) -> list[str]:
+        out = []
+        for row, mask in zip(ids_BT.tolist(), mask_BT.tolist(), strict=True):
+            tokens = [t for t, m in zip(row, mask, strict=True) if m and t != self.codec.eos_id]
+            out.append(self.codec.decode(tokens))
+        return out
+
+    def _score(self, examples: list[Example], responses: list[str]):
+        return score_batch(
+            self.scorer,
+            [e.prompt for e in examples],
+            responses,
+            [e.answer for e in examples],
+            self.nan_policy,
+        )
+
+    def generate_scored(self, examples: list[Example], sampling: SamplingParams, seed: int) -> Experience:
+        prompt_ids = self.codec.encode([e.prompt for e in examples])
+        gen = self.workers.rollout.generate(prompt_ids, sampling, seed)
+        groups = torch.arange(len(examples))
+        exp = Experience.from_generation(examples, groups, prompt_ids, gen, self.workers.rollout.pad_id)
+        exp.responses = self._decode(gen.response_ids_BT, gen.response_mask_BT)
+        return exp
+
+    @torch.no_grad()
+    def evaluate(self, step: int) -> float:
+        """Mean reward of greedy responses to the held-out prompts (current rollout weights)."""
+        exp = self.generate_scored(self.heldout, self.sampling.greedy(), seed=self.seed + 10**6 + step)
+        return float(self._score(exp.examples, exp.responses).scores_B.mean())
+
+    # --------------------------------------------------------------------------------------------- step
+    def step(self, step: int) -> dict[str, float]:
+        timer = PhaseTimer()
+        metrics: dict[str, float] = {"step": step}
+        with timer.phase("reshard"):
+            self.workers.actor.sync_weights_to(self.workers.rollout)
+        if self.algo.eval_every and step % self.algo.eval_every == 0:
+            with timer.phase("eval"):  # the policy before this step's update, on the weights just synced
+                metrics["reward/heldout"] = self.evaluate(step)
+        prompts = self.sampler.next_batch(self.algo.prompts_per_step)
+        examples = [e for e in prompts for _ in range(self.k)]
+        with timer.phase("generate"):
+            exp = self.generate_scored(examples, self.sampling, seed=self.seed * 100_003 + step)
+            exp.group_ids_B = torch.arange(len(prompts)).repeat_interleave(self.k)
+            baseline_B = self._greedy_baseline(prompts, step) if self.algo.name == "remax" else None
+        with timer.phase("reward"):
+            result = self._score(exp.examples, exp.responses)
+            exp.scores_B = result.scores_B
+            if baseline_B is not None:
+                exp.tensors["baseline_B"] = baseline_B[exp.group_ids_B]
+            exp = exp.select(result.keep_B) if result.num_skipped else exp
+        metrics["reward/skipped"] = float(result.num_skipped)
+        if len(exp) == 0:
+            log.warning("step %d: every sample was skipped by the reward policy; no update", step)
+            return metrics | self._timing(timer, 0, 0)
+        with timer.phase("train"):
+            self._prepare(exp, metrics)
+            self._update(exp, metrics)
+        num_gen_tokens = int(exp.response_mask_BT.sum())
+        metrics |= self._reward_metrics(exp)
+        return metrics | self._timing(timer, num_gen_tokens, int(exp.train_batch().attention_mask_BT.sum()))
+
+    def final_evaluation(self, step: int) -> dict[str, float]:
+        """Held-out reward of the final policy (after the last update), logged as step `steps`."""
+        self.workers.actor.sync_weights_to(self.workers.rollout)
+        return {"step": step, "reward/heldout": self.evaluate(step)}
+
+    def _greedy_baseline(self, prompts: list[Example], step: int) -> torch.Tensor:
+        exp = self.generate_scored(prompts, self.sampling.greedy(), seed=step)
+        return self._score(exp.examples, exp.responses).scores_B
+
+    def _prepare(self, exp: Experience, metrics: dict) -> None:
+        """Old/ref log-probs, values, token rewards and advantages (all global, response space)."""
+        mask = exp.response_mask_BT
+        old_logp, entropy = logprobs_of(self.workers.actor, exp)
+        delta = (old_logp - exp.gen.logprobs_BT).abs()[mask.bool()]
+        metrics["mismatch/logprob_max"] = float(delta.max()) if delta.numel() else 0.0
+        metrics["mismatch/logprob_mean"] = float(delta.mean()) if delta.numel() else 0.0
+        exp.tensors["old_logprobs"] = old_logp
+        token_rewards = outcome_to_token_rewards(exp.scores_B, mask)
+        if self.workers.reference is not None:
+            ref_logp, _ = logprobs_of(self.workers.reference, exp)
+            exp.tensors["ref_logprobs"] = ref_logp
+            kl_BT = kl_penalty(old_logp, ref_logp, self.algo.kl_estimator) * mask
+            metrics["kl/ref"] = float(masked_mean(kl_BT, mask))
+            if self.algo.kl_in_reward:
+                token_rewards = token_rewards - self.algo.kl_coef * kl_BT
+        values = None
+        if self.workers.critic is not None:
+            values = values_of(self.workers.critic, exp) * mask
+            exp.tensors["old_values"] = values
+        out = compute_advantages(
+            self.algo.name,
+            AdvantageInputs(
+                scores_B=exp.scores_B,
+                token_rewards_BT=token_rewards,
+                mask_BT=mask,
+                group_ids_B=exp.group_ids_B,
+                values_BT=values,
+                baseline_scores_B=exp.tensors.get("baseline_B"),
+                gamma=self.algo.gamma,
+                lam=self.algo.lam,
+                norm_adv_by_std=self.algo.norm_adv_by_std,
+            ),
+        )
+        exp.tensors["advantages"] = out.advantages_BT
+        exp.tensors["returns"] = out.returns_BT
+        metrics["advantage/mean_abs"] = float(masked_mean(out.advantages_BT.abs(), mask))
+
+    def _update(self, exp: Experience, metrics: dict) -> None:
+        actor_keys = ["old_logprobs", "advantages"] + (
+            ["ref_logprobs"] if "ref_logprobs" in exp.tensors else []
+        )
+        actor_batch = exp.train_batch({k: exp.tensors[k] for k in actor_keys})
+        critic_batch = (
+            exp.train_batch({k: exp.tensors[k] for k in ("old_values", "returns")})
+            if self.workers.critic is not None
+            else None
+        )
+        for _ in range(self.algo.ppo_epochs):
+            stats = self.workers.actor.update(actor_batch, self.policy_loss)
+            if critic_batch is not None:
+                cstats = self.workers.critic.update(critic_batch, self.value_loss)
+        metrics.update({k if "/" in k else f"actor/{k}": v for k, v in stats.items()})
+        if critic_batch is not None:
+            metrics.update(
+                {
+                    ("critic/value_loss" if k == "loss" else k if "/" in k else f"critic/{k}"): v
+                    for k, v in cstats.items()
+                }
+            )
+
+    def _reward_metrics(self, exp: Experience) -> dict[str, float]:
+        lengths = exp.response_mask_BT.sum(dim=1)
+        return {
+            "reward/mean": float(exp.scores_B.mean()),
+            "reward/std": float(exp.scores_B.std()) if len(exp) > 1 else 0.0,
+            "response/length_mean": float(lengths.mean()),
+            "response/length_max": float(lengths.max()),
+        }
+
+    @staticmethod
+    def _timing(timer: PhaseTimer, gen_tokens: int, train_tokens: int) -> dict[str, float]:
+        total = sum(timer.seconds.values()) or 1e-9
+        out = {f"time/{k}_s": v for k, v in timer.seconds.items()}
+        out |= {f"share/{k}": v / total for k, v in timer.seconds.items()}
+        if timer.seconds.get("generate"):
+            out["tps/generate"] = gen_tokens / timer.seconds["generate"]
+        if timer.seconds.get("train"):
+            out["tps/train"] = train_tokens / timer.seconds["train"]
+        out["time/step_s"] = total
+        return out

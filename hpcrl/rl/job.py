@@ -1,0 +1,134 @@
+"""The RL job: `main(cfg, run_dir)` runs on every rank after torch.distributed is initialised.
+
+It checks the whole config first (every problem at once, before any rank builds a model), then
+composes the workers — megatron actor (+ reference, + critic), reshard engine, rollout engine, reward
+— and runs the driver, logging per-step metrics on rank 0 to <run_dir>/metrics.jsonl (+ TensorBoard,
+progress bar, reward.png).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from hpcrl.config.experiment import ExperimentConfig
+from hpcrl.errors import ConfigError, Problem
+
+log = logging.getLogger(__name__)
+
+ONLINE_ALGORITHMS = ("grpo", "ppo", "remax", "rloo", "reinforce_pp")
+
+
+def config_problems(cfg: ExperimentConfig, world_size: int) -> list[Problem]:
+    """Rules across components that only the RL job knows (each Problem names its key)."""
+    from hpcrl.dist.layout import ParallelLayout
+
+    algo, rollout = cfg.algorithm, cfg.rollout
+    problems: list[Problem] = []
+    if algo.name not in ONLINE_ALGORITHMS:
+        problems.append(
+            Problem(
+                f"{algo.name!r} is offline (hpcrl.rl.losses.dpo_loss); this job runs {ONLINE_ALGORITHMS}",
+                key="algorithm.name",
+            )
+        )
+    if algo.placement != "colocated":
+        problems.append(Problem("only colocated placement is implemented", key="algorithm.placement"))
+    if algo.name in ("grpo", "rloo") and rollout.samples_per_prompt < 2:
+        problems.append(
+            Problem(f"{algo.name} needs >= 2 samples per prompt", key="rollout.samples_per_prompt")
+        )
+    for key, value in (
+        ("algorithm.steps", algo.steps),
+        ("algorithm.prompts_per_step", algo.prompts_per_step),
+        ("algorithm.ppo_epochs", algo.ppo_epochs),
+        ("rollout.max_new_tokens", rollout.max_new_tokens),
+    ):
+        if value < 1:
+            problems.append(Problem(f"must be >= 1, got {value}", key=key))
+    if algo.kl_in_reward and algo.kl_coef == 0:
+        problems.append(Problem("kl_in_reward needs kl_coef > 0", key="algorithm.kl_in_reward"))
+    try:
+        layout = ParallelLayout.from_config(cfg.parallel)
+        layout.check_world(world_size)
+        layout.check_model(cfg.model)
+    except ConfigError as err:
+        problems.extend(err.problems)
+        layout = None
+    from hpcrl.rollout.factory import resolve_engine_name
+
+    try:
+        engine = resolve_engine_name(rollout)
+    except ConfigError as err:
+        problems.extend(err.problems)
+        engine = None
+    if engine == "hf" and (cfg.parallel.rollout_tensor > 1 or cfg.parallel.rollout_pipeline > 1):
+        problems.append(
+            Problem(
+                "the hf engine has no tensor/pipeline parallelism: rollout_tensor and "
+                "rollout_pipeline must be 1 (use vllm)",
+                key="parallel.rollout_tensor",
+            )
+        )
+    needed = cfg.data.max_prompt_length + rollout.max_new_tokens
+    if cfg.model.hf_path is None and needed > cfg.model.max_position_embeddings:
+        problems.append(
+            Problem(
+                f"max_prompt_length + max_new_tokens = {needed} exceeds the model's context "
+                f"{cfg.model.max_position_embeddings}",
+                key="model.max_position_embeddings",
+            )
+        )
+    return problems
+
+
+def main(cfg: ExperimentConfig, run_dir: Path) -> dict:
+    """Run the configured RL job on this rank; returns the last step's metrics (every rank)."""
+    from hpcrl.rl.assemble import build_job
+    from hpcrl.rl.checkpointing import RLCheckpointing
+
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    problems = config_problems(cfg, world)
+    if problems:
+        raise ConfigError(problems)
+    run_dir = Path(run_dir)
+    if rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        print(
+            f"hpcrl: run dir {run_dir.resolve()}  metrics -> {run_dir.resolve() / 'metrics.jsonl'}",
+            flush=True,
+        )
+    torch.manual_seed(cfg.seed)
+    start = time.perf_counter()
+    job = build_job(cfg, run_dir, rank, world)
+    ckpt = RLCheckpointing(cfg, run_dir, job.driver)
+    completed = ckpt.resume()
+    last: dict = {}
+    stopped = False
+    try:
+        for step in range(completed, cfg.algorithm.steps):
+            metrics = job.driver.step(step)
+            metrics["time/elapsed_s"] = time.perf_counter() - start
+            job.logger.log(metrics)
+            last = metrics
+            completed = step + 1
+            if ckpt.after_step(step):
+                stopped = True
+                log.warning("step %d: checkpoint saved, stopping for requeue", step)
+                break
+        if cfg.algorithm.eval_every and not stopped:
+            final = job.driver.final_evaluation(cfg.algorithm.steps)
+            final["time/elapsed_s"] = time.perf_counter() - start
+            job.logger.log(final)
+            last = {**last, **final}
+    finally:
+        plot = job.logger.close()
+        ckpt.close(completed)
+    if rank == 0 and plot is not None:
+        print(f"hpcrl: reward curve {plot}", flush=True)
+    return last

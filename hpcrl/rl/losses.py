@@ -1,0 +1,154 @@
+"""Policy, value, KL, entropy and DPO losses: small pure functions over masked token tensors.
+
+Shape legend: B = sequences, T = response tokens (right padded). `mask_BT` is 1.0 on real tokens.
+Aggregation takes an optional global denominator so that gradient accumulation over micro-batches and
+data-parallel ranks gives the same gradient as one big batch (1x4 == 4x1): each micro-batch divides by
+the token (or sequence) count of the WHOLE batch, and the partial gradients sum.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+LossAgg = Literal["token_mean", "seq_mean_token_sum", "seq_mean_token_mean"]
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """sum(x * mask) / sum(mask); 0 when the mask is empty."""
+    return (x * mask).sum() / mask.sum().clamp(min=1)
+
+
+def agg_loss(loss_BT: torch.Tensor, mask_BT: torch.Tensor, mode: LossAgg, denominator: float | None = None):
+    """Reduce per-token losses to a scalar.
+
+    - token_mean: sum_{b,t} l m / N_tokens (every token weighs the same; DAPO §3.3 "token-level loss").
+    - seq_mean_token_sum: sum_b (sum_t l m) / N_seqs (Dr. GRPO §3.1: no length normalisation).
+    - seq_mean_token_mean: sum_b (sum_t l m / |y_b|) / N_seqs (the original GRPO objective, eq. 3).
+    `denominator` replaces N_tokens / N_seqs by the count of the whole (global) batch.
+    """
+    if mode == "token_mean":
+        denom = mask_BT.sum().clamp(min=1) if denominator is None else denominator
+        return (loss_BT * mask_BT).sum() / denom
+    seq_sums_B = (loss_BT * mask_BT).sum(dim=1)
+    if mode == "seq_mean_token_mean":
+        seq_sums_B = seq_sums_B / mask_BT.sum(dim=1).clamp(min=1)
+    elif mode != "seq_mean_token_sum":
+        raise ValueError(f"unknown loss aggregation {mode!r}")
+    denom = loss_BT.shape[0] if denominator is None else denominator
+    return seq_sums_B.sum() / denom
+
+
+@dataclass
+class PolicyLossStats:
+    clip_fraction: float
+    """Share of real tokens whose ratio left [1-eps, 1+eps] on the side that the min() picked."""
+    approx_kl: float
+    """k3 estimate of KL(old || new) over real tokens (how far this update moved)."""
+
+
+def ppo_clip_loss(
+    logp_BT: torch.Tensor,
+    old_logp_BT: torch.Tensor,
+    advantages_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    clip_ratio: float,
+    agg: LossAgg = "token_mean",
+    denominator: float | None = None,
+) -> tuple[torch.Tensor, PolicyLossStats]:
+    """PPO-clip (Schulman et al. 2017, "Proximal Policy Optimization", eq. 7), as a loss to minimise:
+    l_t = max(-A_t rho_t, -A_t clip(rho_t, 1-eps, 1+eps)),  rho_t = exp(logp_t - logp_old_t).
+    """
+    log_ratio_BT = logp_BT - old_logp_BT
+    ratio_BT = torch.exp(log_ratio_BT)
+    unclipped_BT = -advantages_BT * ratio_BT
+    clipped_BT = -advantages_BT * torch.clamp(ratio_BT, 1.0 - clip_ratio, 1.0 + clip_ratio)
+    loss_BT = torch.maximum(unclipped_BT, clipped_BT)
+    with torch.no_grad():
+        clip_fraction = masked_mean((clipped_BT > unclipped_BT).float(), mask_BT).item()
+        approx_kl = masked_mean(torch.exp(-log_ratio_BT) - 1 + log_ratio_BT, mask_BT).item()
+    return agg_loss(loss_BT, mask_BT, agg, denominator), PolicyLossStats(clip_fraction, approx_kl)
+
+
+def clipped_value_loss(
+    values_BT: torch.Tensor,
+    old_values_BT: torch.Tensor,
+    returns_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    clip: float,
+    agg: LossAgg = "token_mean",
+    denominator: float | None = None,
+) -> tuple[torch.Tensor, float]:
+    """Clipped value loss (Schulman et al. 2017 as implemented in OpenAI baselines ppo2; cleanrl ppo.py):
+    l_t = 1/2 max((V_t - R_t)^2, (V_old_t + clip(V_t - V_old_t, -c, c) - R_t)^2).
+    Returns (loss, value clip fraction).
+    """
+    clipped_BT = old_values_BT + torch.clamp(values_BT - old_values_BT, -clip, clip)
+    sq_unclipped = (values_BT - returns_BT) ** 2
+    sq_clipped = (clipped_BT - returns_BT) ** 2
+    loss_BT = 0.5 * torch.maximum(sq_unclipped, sq_clipped)
+    with torch.no_grad():
+        clip_fraction = masked_mean((sq_clipped > sq_unclipped).float(), mask_BT).item()
+    return agg_loss(loss_BT, mask_BT, agg, denominator), clip_fraction
+
+
+def kl_penalty(logp_BT: torch.Tensor, ref_logp_BT: torch.Tensor, estimator: str) -> torch.Tensor:
+    """Per-token estimate of KL(pi || pi_ref) from samples of pi (Schulman 2020, "Approximating KL
+    Divergence", http://joschu.net/blog/kl-approx.html), with log r = logp_ref - logp:
+    k1 = -log r = logp - logp_ref (unbiased, high variance, can be negative);
+    k3 = (r - 1) - log r (unbiased, always >= 0; the GRPO paper's eq. 4 KL term).
+    """
+    log_r = ref_logp_BT - logp_BT
+    if estimator == "k1":
+        return -log_r
+    if estimator == "k3":
+        return torch.exp(log_r) - 1 - log_r
+    raise ValueError(f"unknown KL estimator {estimator!r}; known: k1, k3")
+
+
+def entropy_from_logits(logits_BTV: torch.Tensor) -> torch.Tensor:
+    """Entropy of the categorical distribution per position: H = logsumexp(z) - sum softmax(z) z."""
+    probs_BTV = torch.softmax(logits_BTV, dim=-1)
+    return torch.logsumexp(logits_BTV, dim=-1) - (probs_BTV * logits_BTV).sum(dim=-1)
+
+
+def entropy_bonus(
+    entropy_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    coef: float,
+    agg: LossAgg = "token_mean",
+    denominator: float | None = None,
+) -> torch.Tensor:
+    """Entropy bonus as a loss term: -coef * agg(H_t) (Mnih et al. 2016, A3C §4; PPO eq. 9 "c2 S")."""
+    return -coef * agg_loss(entropy_BT, mask_BT, agg, denominator)
+
+
+@dataclass
+class DPOStats:
+    reward_accuracy: float
+    """Share of pairs whose implicit reward prefers the chosen response."""
+    reward_margin: float
+    """Mean beta * (chosen log-ratio - rejected log-ratio)."""
+
+
+def dpo_loss(
+    policy_chosen_logp_B: torch.Tensor,
+    policy_rejected_logp_B: torch.Tensor,
+    ref_chosen_logp_B: torch.Tensor,
+    ref_rejected_logp_B: torch.Tensor,
+    beta: float,
+) -> tuple[torch.Tensor, DPOStats]:
+    """DPO sigmoid loss (Rafailov et al. 2023, "Direct Preference Optimization", eq. 7):
+    L = -log sigmoid(beta [(log pi(y_w) - log ref(y_w)) - (log pi(y_l) - log ref(y_l))]), averaged over
+    pairs; inputs are summed sequence log-probs.
+    """
+    margin_B = beta * (
+        (policy_chosen_logp_B - ref_chosen_logp_B) - (policy_rejected_logp_B - ref_rejected_logp_B)
+    )
+    loss = -F.logsigmoid(margin_B).mean()
+    with torch.no_grad():
+        stats = DPOStats((margin_B > 0).float().mean().item(), margin_B.mean().item())
+    return loss, stats

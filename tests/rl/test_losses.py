@@ -1,0 +1,102 @@
+"""Losses against hand-computed values, and micro-batch accumulation equivalence."""
+
+import math
+
+import pytest
+import torch
+
+from hpcrl.rl.losses import (
+    agg_loss,
+    clipped_value_loss,
+    dpo_loss,
+    entropy_bonus,
+    entropy_from_logits,
+    kl_penalty,
+    ppo_clip_loss,
+)
+
+LOSS_BT = torch.tensor([[1.0, 2, 3], [4, 0, 0]])
+MASK_BT = torch.tensor([[1.0, 1, 1], [1, 0, 0]])
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [("token_mean", 10 / 4), ("seq_mean_token_sum", (6 + 4) / 2), ("seq_mean_token_mean", (2 + 4) / 2)],
+)
+def test_aggregations_by_hand(mode, expected):
+    assert agg_loss(LOSS_BT, MASK_BT, mode).item() == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("mode", ["token_mean", "seq_mean_token_sum", "seq_mean_token_mean"])
+def test_micro_batches_with_global_denominator_sum_to_the_full_batch(mode):
+    full = agg_loss(LOSS_BT, MASK_BT, mode)
+    denom = MASK_BT.sum().item() if mode == "token_mean" else 2
+    parts = sum(agg_loss(LOSS_BT[i : i + 1], MASK_BT[i : i + 1], mode, denom) for i in range(2))
+    torch.testing.assert_close(parts, full)
+
+
+def test_unknown_aggregation_is_named():
+    with pytest.raises(ValueError, match="'token_sum'"):
+        agg_loss(LOSS_BT, MASK_BT, "token_sum")
+
+
+def test_ppo_clip_by_hand():
+    old = torch.zeros(1, 4)
+    logp = torch.log(torch.tensor([[1.5, 0.5, 0.5, 7.0]]))
+    adv = torch.tensor([[1.0, 1.0, -1.0, 1.0]])
+    mask = torch.tensor([[1.0, 1, 1, 0]])
+    loss, stats = ppo_clip_loss(logp, old, adv, mask, clip_ratio=0.2)
+    # token 0: max(-1.5, -1.2) = -1.2 (clipped); token 1: max(-.5, -.8) = -.5; token 2: max(.5, .8) = .8 (clipped)
+    assert loss.item() == pytest.approx((-1.2 - 0.5 + 0.8) / 3)
+    assert stats.clip_fraction == pytest.approx(2 / 3)
+
+
+def test_ppo_clip_gradient_vanishes_when_clipped():
+    logp = torch.log(torch.tensor([[1.5, 0.9]])).requires_grad_()
+    loss, _ = ppo_clip_loss(logp, torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2), clip_ratio=0.2)
+    loss.backward()
+    assert logp.grad[0, 0] == 0 and logp.grad[0, 1] == pytest.approx(-0.9 / 2)
+
+
+def test_clipped_value_loss_by_hand():
+    loss, frac = clipped_value_loss(
+        torch.tensor([[1.0, 1.0]]),
+        torch.tensor([[0.5, 1.0]]),
+        torch.tensor([[2.0, 0.0]]),
+        torch.tensor([[1.0, 1.0]]),
+        clip=0.2,
+    )
+    # token 0: clipped v = .7 -> .5*max(1, 1.69) = .845; token 1: .5*1 = .5
+    assert loss.item() == pytest.approx((0.845 + 0.5) / 2)
+    assert frac == pytest.approx(0.5)
+
+
+def test_kl_estimators_by_hand():
+    logp, ref = torch.tensor([math.log(0.5)]), torch.tensor([math.log(0.25)])
+    assert kl_penalty(logp, ref, "k1").item() == pytest.approx(math.log(2))
+    assert kl_penalty(logp, ref, "k3").item() == pytest.approx(0.5 - 1 + math.log(2))
+    with pytest.raises(ValueError, match="'k9'"):
+        kl_penalty(logp, ref, "k9")
+
+
+def test_k3_is_nonnegative_and_zero_at_equality():
+    logp = torch.randn(100)
+    assert (kl_penalty(logp, torch.randn(100), "k3") >= 0).all()
+    assert kl_penalty(logp, logp, "k3").abs().max() == 0
+
+
+def test_entropy_by_hand():
+    logits = torch.log(torch.tensor([[[0.5, 0.25, 0.25]]]))
+    h = entropy_from_logits(logits)
+    assert h.item() == pytest.approx(1.5 * math.log(2))
+    bonus = entropy_bonus(h, torch.ones(1, 1), coef=0.1)
+    assert bonus.item() == pytest.approx(-0.15 * math.log(2))
+
+
+def test_dpo_by_hand():
+    loss, stats = dpo_loss(
+        torch.tensor([-1.0]), torch.tensor([-2.0]), torch.tensor([-1.5]), torch.tensor([-1.5]), 0.5
+    )
+    # margin = .5 * ((-1 + 1.5) - (-2 + 1.5)) = .5
+    assert loss.item() == pytest.approx(math.log1p(math.exp(-0.5)))
+    assert stats.reward_accuracy == 1.0 and stats.reward_margin == pytest.approx(0.5)

@@ -1,0 +1,32 @@
+"""The RL templates validate as configs, and their layouts fit their models (checked before any rank starts)."""
+
+from pathlib import Path
+
+import pytest
+
+from hpcrl.config.resolve import resolve
+from hpcrl.rl.job import config_problems
+
+TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
+GPU_RECIPES = sorted((TEMPLATES / "gpu").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("name", ["grpo_tiny.yaml", "ppo_tiny.yaml"])
+def test_cpu_templates_are_valid(name):
+    cfg = resolve(TEMPLATES / name).elements[0].config
+    assert config_problems(cfg, cfg.cluster.nodes * cfg.cluster.tasks_per_node) == []
+    assert cfg.entrypoint == "hpcrl.rl.job:main"
+
+
+@pytest.mark.parametrize("path", GPU_RECIPES, ids=[p.stem for p in GPU_RECIPES])
+def test_gpu_recipes_are_valid_apart_from_needing_vllm(path):
+    cfg = resolve(path).elements[0].config
+    problems = config_problems(cfg, cfg.cluster.nodes * cfg.cluster.tasks_per_node)
+    assert [p.key for p in problems] in ([], ["rollout.engine"])  # vllm + CUDA are absent on CPU machines
+    assert cfg.rollout.engine == "vllm" and cfg.model.dtype == "bfloat16"
+    assert cfg.algorithm.prompts_per_step * cfg.rollout.samples_per_prompt == 128
+    assert cfg.data.max_prompt_length + cfg.rollout.max_new_tokens == 512
+
+
+def test_gpu_recipes_exist():
+    assert len(GPU_RECIPES) >= 2
