@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from hpcrl.dist.layout import ParallelLayout
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.train import hf_convert, megatron_compat
 from hpcrl.train.config import ModelConfig
@@ -77,7 +78,8 @@ class TrainGroups:
 
     def rank_of(self, tp: int, pp: int, dp: int) -> int:
         """Global rank of grid point (tp, pp, dp) of this layout."""
-        return self.rank_offset + tp + self.tensor * (pp + self.pipeline * dp)
+        layout = ParallelLayout(tensor=self.tensor, pipeline=self.pipeline, data=self.data)
+        return self.rank_offset + layout.train_rank(tp, pp, dp)
 
     def pg_collection(self):
         """The megatron ProcessGroupCollection for GPTModel (embd deliberately None, see module doc)."""
@@ -114,36 +116,33 @@ def build_train_groups(
             f"{rank_offset + size - 1}, world has {world}"
         )
 
-    def rank(t: int, p: int, d: int) -> int:
-        return rank_offset + t + tensor * (p + pipeline * d)
-
+    layout = ParallelLayout(tensor=tensor, pipeline=pipeline, data=data)
     me = dist.get_rank()
     mine: dict[str, dist.ProcessGroup | None] = {"embd": None}
     kwargs = {"timeout": timedelta(seconds=timeout_s)} if timeout_s else {}
 
-    def make(name: str, ranks: list[int]) -> None:
+    def make(name: str, block_ranks: list[int]) -> None:
+        ranks = [rank_offset + r for r in block_ranks]
         group = dist.new_group(ranks, **kwargs)  # every rank must take part in every new_group call
         if me in ranks:
             mine[name] = group
 
-    for d in range(data):
-        for p in range(pipeline):
-            make("tp", [rank(t, p, d) for t in range(tensor)])
-    for d in range(data):
-        for t in range(tensor):
-            make("pp", [rank(t, p, d) for p in range(pipeline)])
-            if pipeline > 1:
-                make("embd", [rank(t, 0, d), rank(t, pipeline - 1, d)])
-    for p in range(pipeline):
-        for t in range(tensor):
-            make("dp", [rank(t, p, d) for d in range(data)])
-    for d in range(data):
-        make("mp", [rank(t, p, d) for p in range(pipeline) for t in range(tensor)])
-    for r in range(rank_offset, rank_offset + size):
+    # The rank lists come from ParallelLayout, the one owner of the rank order (tp, then pp, then dp).
+    for ranks in layout.train_tensor_groups():
+        make("tp", ranks)
+    for ranks in layout.train_pipeline_groups():
+        make("pp", ranks)
+        if pipeline > 1:  # tied embedding copies live on the first and the last stage
+            make("embd", [ranks[0], ranks[-1]])
+    for ranks in layout.train_data_groups():
+        make("dp", ranks)
+    for ranks in layout.model_parallel_groups():
+        make("mp", ranks)
+    for r in range(size):
         make("cp", [r])
     if not rank_offset <= me < rank_offset + size:
         return None
-    tp_rank, pp_rank, dp_rank = train_coords(me - rank_offset, tensor, pipeline)
+    tp_rank, pp_rank, dp_rank = layout.train_coords(me - rank_offset)
     return TrainGroups(
         tensor=tensor,
         pipeline=pipeline,
@@ -159,12 +158,6 @@ def build_train_groups(
         embd=mine["embd"],
         cp=mine["cp"],
     )
-
-
-def train_coords(local_rank: int, tensor: int, pipeline: int) -> tuple[int, int, int]:
-    """(tp, pp, dp) of a rank within its layout block: the inverse of rank = tp + t*(pp + p*dp)
-    (hpcrl.dist.layout.ParallelLayout.train_coords, megatron order "tp-pp-dp")."""
-    return local_rank % tensor, (local_rank // tensor) % pipeline, local_rank // (tensor * pipeline)
 
 
 def validate_layout(cfg: ModelConfig, tensor: int, pipeline: int, key: str = "model") -> list[Problem]:
