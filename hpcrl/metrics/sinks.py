@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import sys
+import time
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -64,9 +66,11 @@ class TensorBoardWriter:
 class ProgressBar:
     """rich progress bar: steps done, elapsed, and the latest train / held-out reward.
 
-    On a terminal it redraws live; otherwise (logs, CI) rich prints the bar once per update line
-    only when `force` is set, so batch logs stay short.
+    On a terminal it redraws live. Otherwise (Slurm logs, CI, pipes) it prints one plain line at each
+    held-out evaluation and every `plain_every` steps, so a batch log still shows the reward rising.
     """
+
+    plain_every = 25
 
     def __init__(self, total_steps: int, start_step: int = 0, force: bool = False):
         from rich.console import Console
@@ -85,15 +89,22 @@ class ProgressBar:
         )
         self.task = self.progress.add_task("rl", total=total_steps, completed=start_step, status="")
         self.heldout: float | None = None
+        self.total_steps = total_steps
+        self.started_s = time.monotonic()
         self.progress.start()
 
     def write(self, record: dict[str, Any]) -> None:
         if record.get("reward/heldout") is not None:
             self.heldout = record["reward/heldout"]
-        status = f"reward {record.get('reward/mean', float('nan')):.3f}"
+        parts = [] if record.get("reward/mean") is None else [f"reward {record['reward/mean']:.3f}"]
         if self.heldout is not None:
-            status += f"  held-out {self.heldout:.3f}"
-        self.progress.update(self.task, completed=int(record["step"]) + 1, status=status)
+            parts.append(f"held-out {self.heldout:.3f}")
+        status = "  ".join(parts)
+        done = min(int(record["step"]) + 1, self.total_steps)  # a final eval-only record has step == total
+        self.progress.update(self.task, completed=done, status=status)
+        if not self.enabled and (record.get("reward/heldout") is not None or done % self.plain_every == 1):
+            elapsed_s = time.monotonic() - self.started_s
+            print(f"step {done}/{self.total_steps}  {status}  {elapsed_s:.1f}s", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         self.progress.stop()

@@ -11,3 +11,15 @@
 | pipeline.py         | one micro-batch through the pipeline stages (p2p), forward and backward         |
 | trainer.py          | Trainer: forward() and update(batch, loss_fn); build_policy_trainer / build_value_trainer |
 """
+
+import warnings
+
+# megatron-core warns at import that apex / Transformer Engine are absent and it falls back to torch
+# kernels. That is the expected CPU setup, reported once by `hpcrl info`; repeated in every rank's log it
+# only hides real warnings. The deprecation note about cuda_graph_scope comes from megatron's own default.
+for _message in (
+    r"Transformer Engine and Apex are not installed",
+    r"Apex is not installed",
+    r"full scope is deprecated",
+):
+    warnings.filterwarnings("ignore", message=_message, category=UserWarning)
