@@ -6,7 +6,7 @@ shares (a 3-element MAX all-reduce), because ranks receive signals at slightly d
 
     periodic    every_steps > 0 and step % every_steps == 0
     requested   a signal (e.g. `--signal=B:USR1@90`, forwarded to the ranks) or `request()` (submitit's
-                checkpoint hook via hpcrl.launcher.element.on_requeue) arrived since the last decision
+                USR2 on every rank, relayed by hpcrl.launcher.element.on_requeue) since the last decision
     deadline    time left < safety · (slowest step + slowest save), time left measured from Slurm once
                 at start (`squeue -h -j $SLURM_JOB_ID -o %L`) and counted down locally
     -> save = any of them; stop = requested or deadline (the caller saves, then exits for the requeue).

@@ -5,11 +5,18 @@ The process group is always formed (world 1 included) from the launcher's enviro
 `hpcrl.dist.env` (Slurm srun, torchrun-style variables from the local executor, or a single process),
 so an entrypoint never sets up distribution itself.
 
-Requeue hook: on Slurm the element is a submitit `Checkpointable`. When the time limit nears (or the
-job is preempted) submitit's signal handler calls `ElementTask.checkpoint`, which runs the callbacks
-registered with `on_requeue` (the checkpoint subsystem registers "save now" there), records the
-request, and hands submitit the same element to requeue. Rank 0 keeps `<run_dir>/launcher.json` up to
-date (state, job id, restart count) for `hpcrl status`.
+Requeue path: on Slurm the element is a submitit `Checkpointable`; submitit asks for
+`--signal=USR2@<signal_delay_s>`, which Slurm sends to EVERY rank (srun tasks). submitit's own handler
+would checkpoint and requeue on rank 0 at once, in the middle of a step, while the other ranks carry on.
+So `run_element` relays the signal instead: on every rank it runs the callbacks registered with
+`on_requeue` (the RL job's is "save and stop at the next step boundary", agreed across ranks). An
+entrypoint that then saves and stops early calls `stop_for_requeue()`; once it has returned (process
+group torn down), rank 0 hands over to submitit's handler, which calls `ElementTask.checkpoint` (state
+REQUEUED) and `scontrol requeue`s the element; the restarted element resumes from `latest`. Without any
+registered callback (an entrypoint that saves nothing) the element is not requeued: it would restart
+from scratch. A signal that arrives after the last step (the run completes) requeues nothing either.
+The same `stop_for_requeue()` path serves a save made before the time limit without any signal.
+Rank 0 keeps `<run_dir>/launcher.json` up to date (state, job id, restart count) for `hpcrl status`.
 
 Run as a module (`python -m hpcrl.launcher.element CONFIG RUN_DIR`) it is one rank of a local run.
 """
@@ -19,7 +26,9 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,13 +41,62 @@ from hpcrl.errors import ConfigError, Problem
 
 LAUNCHER_STATE = "launcher.json"
 
+REQUEUE_SIGNAL = signal.SIGUSR2
+"""submitit's warning signal on Slurm (`--signal=USR2@<cluster.signal_delay_s>`)."""
+
 _requeue_callbacks: list[Callable[[], None]] = []
-# Process-local (one list per rank process), not distributed state: signal handlers can't take arguments.
+_flags = {"signalled": False, "stop_for_requeue": False}
+# Process-local (one per rank process), not distributed state: signal handlers can't take arguments.
 
 
-def on_requeue(callback: Callable[[], None]) -> None:
-    """Register `callback()` to run on this rank when Slurm is about to stop the element for a requeue."""
+def on_requeue(callback: Callable[[], None]) -> Callable[[], None]:
+    """Register `callback()` to run on this rank when Slurm is about to stop the element for a requeue
+    (it runs inside a signal handler: only set a flag). A signal that came before the registration
+    (while the entrypoint was starting) is delivered at once. Returns a function that unregisters it."""
     _requeue_callbacks.append(callback)
+    if _flags["signalled"]:
+        callback()
+    return lambda: _requeue_callbacks.remove(callback) if callback in _requeue_callbacks else None
+
+
+def stop_for_requeue() -> None:
+    """Called by an entrypoint that saved and stopped early (requeue signal or time limit): when it
+    returns, the element is requeued on Slurm instead of being reported COMPLETED."""
+    _flags["stop_for_requeue"] = True
+
+
+def _submitit_handler() -> Callable | None:
+    """submitit's requeue handler when this process runs under submitit on Slurm, else None."""
+    from submitit.core.job_environment import SignalHandler
+
+    handler = signal.getsignal(REQUEUE_SIGNAL)
+    return handler if isinstance(getattr(handler, "__self__", None), SignalHandler) else None
+
+
+def _requeues_left(submitit_handler: Callable) -> int:
+    """What submitit's handler would compute (its `max_num_timeout` countdown): < 0 = it will refuse to
+    requeue. Reads submitit 1.5's private fields; unknown -> assume a requeue is possible."""
+    handler = submitit_handler.__self__
+    countdown = getattr(getattr(handler, "_delayed", None), "_timeout_countdown", None)
+    return 0 if countdown is None else countdown - int(handler.has_timed_out())
+
+
+def _relay(submitit_handler: Callable) -> Callable:
+    """The USR2 handler of every rank: remember the signal and tell the registered callbacks. An
+    entrypoint that registers none runs on to the time limit: requeueing it would restart it from
+    scratch (nothing saved) and it could never finish."""
+
+    def relay(signum, frame) -> None:
+        if _requeues_left(submitit_handler) < 0:
+            # stopping would end the run for good: better to keep going and maybe finish in time
+            print("hpcrl: requeue signal ignored: no requeue left (max_num_timeout)", file=sys.stderr)
+            return
+        _flags["signalled"] = True
+        print(f"hpcrl: {signal.Signals(signum).name}: requeue requested", file=sys.stderr, flush=True)
+        for callback in list(_requeue_callbacks):
+            callback()
+
+    return relay
 
 
 def load_entrypoint(spec: str) -> Callable[..., Any]:
@@ -81,6 +139,10 @@ def run_element(config_path: str | Path, run_dir: str | Path) -> Any:
     env = DistEnv.from_environ()
     os.environ.update(env.torchrun_environ())
     fn = load_entrypoint(cfg.entrypoint)
+    submitit_handler = _submitit_handler()
+    if submitit_handler is not None and threading.current_thread() is threading.main_thread():
+        signal.signal(REQUEUE_SIGNAL, _relay(submitit_handler))
+    _flags.update(signalled=False, stop_for_requeue=False)
     if env.rank == 0:
         restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
         _write_state(
@@ -102,9 +164,24 @@ def run_element(config_path: str | Path, run_dir: str | Path) -> Any:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+    if submitit_handler is not None:
+        # Done: a late warning signal must not kill the exiting process (Python restores the default
+        # action, terminate, while it shuts down; Slurm would then call the finished element FAILED).
+        signal.signal(REQUEUE_SIGNAL, signal.SIG_IGN)
+        if _flags["stop_for_requeue"]:
+            _requeue(submitit_handler, env.rank)
+            return result
     if env.rank == 0:
         _write_state(run_dir, state="COMPLETED", finished=time.time())
     return result
+
+
+def _requeue(submitit_handler: Callable, rank: int) -> None:
+    """After a save-and-stop: rank 0 lets submitit checkpoint (ElementTask.checkpoint), `scontrol
+    requeue` the element and exit non-zero. The other ranks simply return (a non-zero exit could make
+    srun kill rank 0 before it requeued); the requeue ends them anyway."""
+    if rank == 0:
+        submitit_handler(REQUEUE_SIGNAL, None)  # scontrol requeue + sys.exit(-1)
 
 
 class ElementTask(submitit.helpers.Checkpointable):

@@ -3,14 +3,18 @@
 Saved: actor (+ critic) parameters and AdamW state as shards ("actor." / "critic." prefixes), the data
 cursor, the step, RNG states. Not saved: the reference model (it is rebuilt from the same init or HF
 directory) and the rollout engine (it receives the actor's weights at the start of every step).
-When to save is `hpcrl.ckpt.trigger.SaveTrigger`: every `checkpoint.every_steps`, on SIGUSR1 (Slurm's
-warning signal) and before the time limit; a requested or deadline save also stops the run so that the
-launcher can requeue it. `RunState.step` counts completed steps, so a resumed run starts at that step.
+When to save is `hpcrl.ckpt.trigger.SaveTrigger`: every `checkpoint.every_steps`, on SIGUSR1 (plain
+`sbatch --signal=B:USR1@N`) or submitit's USR2 (relayed by hpcrl.launcher.element.on_requeue), and before
+the time limit; a requested or deadline save also stops the run and asks the launcher to requeue it
+(`stop_for_requeue`). `RunState.step` counts completed steps, so a resumed run starts at that step, and
+metrics.jsonl is cut back to the steps before it (those after it are redone: each step is logged once).
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import signal
 import threading
 import time
@@ -19,6 +23,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from hpcrl.ckpt.checkpointer import Checkpointer
+from hpcrl.ckpt.collectives import group_rank
 from hpcrl.ckpt.commit import read_latest
 from hpcrl.ckpt.manifest import read_manifest
 from hpcrl.ckpt.megatron import load_into_trainer, model_extra, trainer_shards, trainer_specs
@@ -26,19 +31,50 @@ from hpcrl.ckpt.state import RunState, restore_rng
 from hpcrl.ckpt.trigger import SaveTrigger, restart_count
 from hpcrl.config.experiment import ExperimentConfig
 from hpcrl.data.cursor import DataCursor, PromptSampler
+from hpcrl.launcher.element import on_requeue, stop_for_requeue
+from hpcrl.metrics.sinks import METRICS_FILE
 from hpcrl.rl.driver import RLDriver
 
 log = logging.getLogger(__name__)
 
 
+def cut_metrics_back(path: Path, resume_step: int) -> int:
+    """Drop the records of steps >= `resume_step` (logged after the checkpoint, before the crash; they are
+    redone) and a torn last line, IN PLACE: the metrics logger already holds the file open for appending
+    (O_APPEND writes go to the new end). Returns the number of records dropped."""
+    if not path.exists():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_bytes().splitlines(keepends=True):
+        try:
+            record = json.loads(line)
+        except ValueError:  # torn by the kill
+            dropped += 1
+            continue
+        if record.get("step", 0) < resume_step:
+            kept.append(line if line.endswith(b"\n") else line + b"\n")
+        else:
+            dropped += 1
+    data = b"".join(kept)
+    with path.open("r+b") as fh:
+        fh.write(data)
+        fh.truncate(len(data))
+        fh.flush()
+        os.fsync(fh.fileno())
+    return dropped
+
+
 class RLCheckpointing:
     def __init__(self, cfg: ExperimentConfig, run_dir: Path, driver: RLDriver):
-        self.cfg, self.driver = cfg, driver
+        self.cfg, self.driver, self.run_dir = cfg, driver, Path(run_dir)
         self.group = dist.group.WORLD if dist.is_initialized() and dist.get_world_size() > 1 else None
         self.checkpointer = Checkpointer.from_config(cfg.checkpoint, run_dir, self.group)
-        self.trigger = SaveTrigger.from_slurm(cfg.checkpoint.every_steps)
+        self.trigger = SaveTrigger.from_slurm(
+            cfg.checkpoint.every_steps, safety=cfg.checkpoint.deadline_safety
+        )
         if threading.current_thread() is threading.main_thread():
-            self.trigger.install_signal_handler(signal.SIGUSR1)
+            self.trigger.install_signal_handler(signal.SIGUSR1)  # plain `sbatch --signal=B:USR1@N`
+        self._unregister = on_requeue(self.trigger.request)  # submitit's USR2, relayed to every rank
         self._step_started = time.perf_counter()
         self._last_saved: int | None = None
 
@@ -50,9 +86,14 @@ class RLCheckpointing:
         return out
 
     def resume(self) -> int:
-        """Load the newest verified checkpoint when resume=auto and one exists; return the start step."""
+        """Load the newest verified checkpoint when resume=auto and one exists; return the start step.
+
+        Either way the metrics log is cut back to the start step: records of an earlier attempt that
+        died before its first checkpoint are redone from step 0 and must not appear twice."""
         latest = read_latest(self.checkpointer.root)
         if self.cfg.checkpoint.resume != "auto" or latest is None:
+            if group_rank(self.group) == 0:
+                cut_metrics_back(self.run_dir / METRICS_FILE, 0)
             return 0
         manifest = read_manifest(latest)
         specs = [s for prefix, t in self._trainers().items() for s in trainer_specs(t, manifest, prefix)]
@@ -64,6 +105,8 @@ class RLCheckpointing:
         self.driver.sampler = PromptSampler(
             self.driver.sampler.rows, DataCursor.from_dict(loaded.state.data_cursor)
         )
+        if group_rank(self.group) == 0:
+            cut_metrics_back(self.run_dir / METRICS_FILE, loaded.state.step)
         log.warning("resumed from %s at step %d", loaded.path, loaded.state.step)
         self._last_saved = loaded.state.step
         return loaded.state.step
@@ -87,15 +130,21 @@ class RLCheckpointing:
         self._last_saved = completed_steps
 
     def after_step(self, step: int) -> bool:
-        """Save when the trigger says so; True = stop now (signal or time limit)."""
+        """Save when the trigger says so; True = stop now (signal or time limit). A stop waits for the
+        save to be committed and asks the launcher to requeue the element."""
         self.trigger.record_step(time.perf_counter() - self._step_started)
         decision = self.trigger.decide(step + 1, self.group)
         if decision.save:
             self.save(step + 1)
+        if decision.stop:
+            self.checkpointer.wait()
+            log.warning("step %d: saved (%s), stopping for requeue", step + 1, ", ".join(decision.reasons))
+            stop_for_requeue()
         self._step_started = time.perf_counter()
         return decision.stop
 
     def close(self, completed_steps: int) -> None:
+        self._unregister()
         if self.cfg.checkpoint.save_on_exit and completed_steps > 0 and self._last_saved != completed_steps:
             self.save(completed_steps)
         self.checkpointer.close()

@@ -9,6 +9,7 @@ progress bar, reward.png).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -21,6 +22,9 @@ from hpcrl.errors import ConfigError, Problem
 log = logging.getLogger(__name__)
 
 ONLINE_ALGORITHMS = ("grpo", "ppo", "remax", "rloo", "reinforce_pp")
+STEP_SLEEP_ENV = "HPCRL_STEP_SLEEP_S"
+"""Test knob (set it through `cluster.env`): sleep this long after every step, so that recovery tests
+get minutes of wall-clock work from the real job at almost no CPU cost. Changes no result."""
 
 
 def config_problems(cfg: ExperimentConfig, world_size: int) -> list[Problem]:
@@ -108,18 +112,20 @@ def main(cfg: ExperimentConfig, run_dir: Path) -> dict:
     job = build_job(cfg, run_dir, rank, world)
     ckpt = RLCheckpointing(cfg, run_dir, job.driver)
     completed = ckpt.resume()
+    step_sleep_s = float(os.environ.get(STEP_SLEEP_ENV, "0") or 0)
     last: dict = {}
     stopped = False
     try:
         for step in range(completed, cfg.algorithm.steps):
             metrics = job.driver.step(step)
+            if step_sleep_s:
+                time.sleep(step_sleep_s)
             metrics["time/elapsed_s"] = time.perf_counter() - start
             job.logger.log(metrics)
             last = metrics
             completed = step + 1
             if ckpt.after_step(step):
                 stopped = True
-                log.warning("step %d: checkpoint saved, stopping for requeue", step)
                 break
         if cfg.algorithm.eval_every and not stopped:
             final = job.driver.final_evaluation(cfg.algorithm.steps)

@@ -1,0 +1,41 @@
+"""Saving before the time limit WITHOUT a warning signal, in a real Slurm job (`--time=1`, no --signal):
+the time left comes from Slurm (squeue) and the rule compares it with the measured step and save times.
+Steps of 25 s: at the first boundary (~25 s in, ~33 s left) another step would not fit with the 1.5x
+margin, so the job saves a real checkpoint and stops there, well before Slurm's TIMEOUT (70-80 s)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from hpcrl.ckpt.commit import read_latest
+from hpcrl.ckpt.manifest import read_manifest
+from tests.recovery._runs import REPO
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+STEP_S, SAFETY = 25.0, 1.5
+
+
+def test_the_time_limit_rule_saves_and_stops_before_the_limit(slurm_cluster, tmp_path):
+    result = tmp_path / "result.json"
+    job = slurm_cluster.sbatch(
+        [
+            "--time=1",
+            f"--output={tmp_path}/job.out",
+            f"--chdir={REPO}",
+            "--wrap",
+            f"{sys.executable} -m tests.recovery._deadline_job {tmp_path / 'ckpt'} {result} {STEP_S}",
+        ]
+    )
+    states = slurm_cluster.wait_for_job(job, timeout_s=110)
+    assert states == {job: "COMPLETED"}, (tmp_path / "job.out").read_text()[-2000:]
+    seen = json.loads(result.read_text())
+    assert 40 < seen["time_left_at_start_s"] <= 60  # read from Slurm, not assumed
+    *early, last = seen["boundaries"]
+    assert last["reasons"] == ["deadline"] and last["time_left_s"] > 0
+    assert last["time_left_s"] < SAFETY * STEP_S  # the rule fired because the next step would not fit...
+    assert all(b["time_left_s"] >= SAFETY * STEP_S and not b["reasons"] for b in early)  # ...and not before
+    assert seen["elapsed_s"] < 60  # stopped before the limit, on its own
+    assert read_manifest(read_latest(tmp_path / "ckpt")).state["step"] == last["step"]
