@@ -19,7 +19,6 @@ from hpcrl.errors import ClusterError, ConfigError
 # subcommand -> module implementing it (see module docstring for the protocol)
 COMMANDS: dict[str, str] = {
     "info": "hpcrl.env_info",
-    "ckpt": "hpcrl.ckpt.command",
     "expand": "hpcrl.launcher.commands.expand",
     "submit": "hpcrl.launcher.commands.submit",
     "run": "hpcrl.launcher.commands.run",
@@ -27,6 +26,9 @@ COMMANDS: dict[str, str] = {
     "logs": "hpcrl.launcher.commands.logs",
     "cancel": "hpcrl.launcher.commands.cancel",
     "resume": "hpcrl.launcher.commands.resume",
+    "ckpt": "hpcrl.ckpt.command",
+    "plan": "hpcrl.plan.command",
+    "bench": "hpcrl.bench.command",
 }
 
 

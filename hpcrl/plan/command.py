@@ -1,0 +1,96 @@
+"""`hpcrl plan TEMPLATE [overrides]`: predicted per-rank memory of every element of a template.
+
+Prints one table per element (component, phase, bytes, formula) with the device peak against one
+accelerator of the cluster profile (A100 80GB when unnamed) and host RAM per rank. Exit 0 when every
+element is predicted to fit, 1 when one is not (the problems are listed), 2 on config errors.
+"""
+
+from __future__ import annotations
+
+import json
+
+from hpcrl.launcher.cli_common import add_template_arguments, overrides_from
+
+HELP = "Predict per-rank accelerator memory and host RAM of a template's configs (memory preflight)."
+
+
+def add_arguments(parser) -> None:
+    add_template_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="One JSON object per element instead of tables.")
+
+
+def human(num_bytes: float) -> str:
+    """Bytes as B / KiB / MiB / GiB with 3 significant digits."""
+    value = float(num_bytes)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024 or unit == "GiB":
+            return f"{value:.3g} {unit}" if unit != "B" else f"{value:.0f} B"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def plan_table(plan, title: str):
+    """A rich Table of one MemoryPlan."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for column in ("component", "phase", "pool", "per rank", "formula"):
+        table.add_column(column, justify="right" if column == "per rank" else "left")
+    for c in plan.components:
+        table.add_row(c.name, c.phase, c.pool, human(c.bytes), c.formula)
+    fits_device = plan.device.kind == "cpu" or plan.device_peak <= plan.device.bytes
+    table.add_section()
+    table.add_row(
+        "device peak",
+        "persistent + max(phase)",
+        "worst",
+        human(plan.device_peak),
+        f"{'fits' if fits_device else 'DOES NOT FIT'} {plan.device.name} ({human(plan.device.bytes)})",
+    )
+    table.add_row(
+        "host RAM peak",
+        "host (+ device on CPU)",
+        "",
+        human(plan.host_peak),
+        f"{'fits' if plan.host_peak <= plan.host.bytes else 'DOES NOT FIT'} {plan.host.name}",
+    )
+    return table
+
+
+def main(args) -> int:
+    from rich.console import Console
+
+    from hpcrl.config.resolve import resolve
+    from hpcrl.plan.memory import predict
+
+    sweep = resolve(args.template, overrides_from(args))
+    console = Console(width=200)
+    problems: list[str] = []
+    for element in sweep.elements:
+        plan = predict(element.config)
+        problems += [f"element {element.index} ({element.config_id}): {p}" for p in plan.problems()]
+        if args.json:
+            print(json.dumps(_as_json(element, plan)))
+        else:
+            console.print(
+                plan_table(plan, f"{sweep.template} [{element.index}] {element.config_id} {plan.layout}")
+            )
+    errors = Console(stderr=True, width=200) if args.json else console  # keep --json stdout pure JSON
+    for problem in problems:
+        errors.print(f"[bold red]predicted not to fit:[/] {problem}")
+    return 1 if problems else 0
+
+
+def _as_json(element, plan) -> dict:
+    return {
+        "index": element.index,
+        "config_id": element.config_id,
+        "layout": plan.layout,
+        "device": {"name": plan.device.name, "bytes": plan.device.bytes, "peak": plan.device_peak},
+        "host": {"name": plan.host.name, "bytes": plan.host.bytes, "peak": plan.host_peak},
+        "fits": plan.fits,
+        "components": [
+            {"name": c.name, "phase": c.phase, "bytes": c.bytes, "formula": c.formula}
+            for c in plan.components
+        ],
+    }

@@ -1,0 +1,301 @@
+"""Memory preflight: predicted per-rank accelerator memory and host RAM of one resolved experiment.
+
+    plan = predict(cfg)          # cfg: hpcrl.config.experiment.ExperimentConfig
+    if not plan.fits: ...        # plan.problems() says what exceeds which capacity
+
+Pure (no torch). Formulas and their sources: hpcrl.plan.formulas. What is resident when:
+- persistent (all phases): actor params, grads (hpcrl's trainer keeps .grad between steps), AdamW states
+  (+ fp32 master for 16-bit params), the critic's same three (ppo), the reference params (kl_coef > 0),
+  and the rollout engine's own copy of its generation shard.
+- train: activations of ONE micro-batch over the stage's L/p layers (hpcrl's pipeline runs one micro-batch
+  forward+backward at a time, so Korthikanti §4.2's "p micro-batches in flight" of 1F1B does not apply)
+  plus the logits buffer. The critic's update is a separate phase of at most the same size.
+- grad-sync (d > 1): the trainer all-reduces grads in one flat copy (grad bytes).
+- generate: KV cache of this generation rank's sequences + the reshard staging (HybridFlow Table 2's
+  received part + one bucket).
+Peak = persistent + the largest other phase, per pool of ranks: colocated = one pool; split placement
+(hpcrl.rl.assemble: actor + rollout on ranks [0, n), critic + reference on [n, 2n)) = two pools, and the
+worst one counts. On a CPU job the device IS host RAM, so host RAM adds the
+device total to the host-only parts (async checkpoint snapshot, prompt dataset).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from hpcrl.errors import ConfigError, Problem
+from hpcrl.plan import formulas as fm
+from hpcrl.plan.capacity import Capacity, device_capacity
+
+if TYPE_CHECKING:
+    from hpcrl.config.experiment import ExperimentConfig
+
+GIB = 1024**3
+PERSISTENT = "persistent"
+
+
+class ModelDimsUnavailable(ConfigError):
+    """`model.hf_path` is not readable here (e.g. a path that exists only on the cluster): no plan.
+    `submit` may warn and go on; `hpcrl plan` reports it (exit 2)."""
+
+
+@dataclass(frozen=True)
+class Component:
+    """One line of the plan."""
+
+    name: str
+    phase: str
+    """persistent, train, grad-sync, generate (device) or host."""
+    bytes: float
+    formula: str
+    """How the number was computed, with the values filled in."""
+    pool: str = "all"
+    """Ranks that hold it: all (colocated), or actor / models (split placement's two pools)."""
+
+
+@dataclass
+class MemoryPlan:
+    """Prediction for the worst rank of one experiment."""
+
+    layout: str
+    device: Capacity
+    host: Capacity
+    components: list[Component] = field(default_factory=list)
+
+    def device_components(self) -> list[Component]:
+        return [c for c in self.components if c.phase != "host"]
+
+    def phase_bytes(self, pool: str | None = None) -> dict[str, float]:
+        """Device bytes per phase (of one pool's ranks, or all components)."""
+        out: dict[str, float] = {}
+        for c in self.device_components():
+            if pool is None or c.pool == pool:
+                out[c.phase] = out.get(c.phase, 0.0) + c.bytes
+        return out
+
+    @property
+    def device_peak(self) -> float:
+        """persistent + the largest transient phase, on the worst pool's ranks."""
+        peaks = []
+        for pool in {c.pool for c in self.device_components()} or {"all"}:
+            phases = self.phase_bytes(pool)
+            persistent = phases.pop(PERSISTENT, 0.0)
+            peaks.append(persistent + max(phases.values(), default=0.0))
+        return max(peaks)
+
+    @property
+    def actor_update_peak(self) -> float:
+        """Actor params/grads/optimizer + the train phase: what measuring the actor's update steps alone
+        (hpcrl.plan.measure) sees, without critic, reference or rollout engine."""
+        actor = [c for c in self.components if c.name.startswith("actor ")]
+        pool = actor[0].pool
+        return sum(c.bytes for c in actor if c.phase == PERSISTENT) + self.phase_bytes(pool).get("train", 0.0)
+
+    @property
+    def host_peak(self) -> float:
+        host_only = sum(c.bytes for c in self.components if c.phase == "host")
+        return host_only + (self.device_peak if self.device.kind == "cpu" else 0.0)
+
+    @property
+    def fits(self) -> bool:
+        return not self.problems()
+
+    def problems(self) -> list[str]:
+        out = []
+        if self.device.kind != "cpu" and self.device_peak > self.device.bytes:
+            out.append(
+                f"{self.layout}: predicted {self.device_peak / GIB:.1f} GiB per rank > {self.device.name} "
+                f"{self.device.bytes / GIB:.1f} GiB"
+            )
+        if self.host_peak > self.host.bytes:
+            out.append(
+                f"{self.layout}: predicted host RAM {self.host_peak / GIB:.1f} GiB per rank > "
+                f"{self.host.name} {self.host.bytes / GIB:.1f} GiB"
+            )
+        return out
+
+
+def dims_of(cfg: ExperimentConfig) -> fm.Dims:
+    """Model dims from `model` fields, or from `<hf_path>/config.json` when hf_path is set."""
+    m = cfg.model
+    if m.hf_path:
+        path = Path(m.hf_path) / "config.json"
+        try:
+            hf = json.loads(path.read_text())
+            return _dims_from_hf(hf, m.family)
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise ModelDimsUnavailable(
+                Problem(f"cannot read the model dims from {path}: {err!r}", key="model.hf_path")
+            ) from err
+    return fm.Dims(
+        vocab=m.vocab_size,
+        hidden=m.hidden_size,
+        layers=m.num_layers,
+        heads=m.num_attention_heads,
+        kv_heads=m.num_query_groups,
+        ffn=m.ffn_hidden_size,
+        tied=m.tie_word_embeddings,
+        qkv_bias=m.qkv_bias,
+    )
+
+
+def _dims_from_hf(hf: dict, family: str) -> fm.Dims:
+    """Dims from an HF Llama/Qwen2 config.json."""
+    return fm.Dims(
+        vocab=hf["vocab_size"],
+        hidden=hf["hidden_size"],
+        layers=hf["num_hidden_layers"],
+        heads=hf["num_attention_heads"],
+        kv_heads=hf.get("num_key_value_heads", hf["num_attention_heads"]),
+        ffn=hf["intermediate_size"],
+        tied=bool(hf.get("tie_word_embeddings", False)),
+        qkv_bias=family == "qwen2",
+    )
+
+
+def sequence_tokens(cfg: ExperimentConfig) -> int:
+    """s = longest prompt + response (the padded training length)."""
+    return cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+
+
+def micro_batch(cfg: ExperimentConfig) -> int:
+    """b = sequences per forward/backward on one DP rank (the micro-batch, at most the DP share)."""
+    per_dp = max(1, cfg.algorithm.prompts_per_step * cfg.rollout.samples_per_prompt // cfg.parallel.data)
+    return min(cfg.optim.micro_batch_size, per_dp)
+
+
+def predict(cfg: ExperimentConfig, *, host_bytes: float | None = None) -> MemoryPlan:
+    """The memory plan of `cfg`'s worst rank. `cfg` is a resolved config (hpcrl.config.resolve checked its
+    layout against the model); `host_bytes` overrides this machine's RAM (tests)."""
+    par, dims = cfg.parallel, dims_of(cfg)
+    e = fm.DTYPE_BYTES[cfg.model.dtype]
+    device, host = device_capacity(cfg, host_bytes=host_bytes)
+    layout = (
+        f"t={par.tensor},p={par.pipeline},d={par.data}->t_g={par.rollout_tensor},p_g={par.rollout_pipeline}"
+    )
+    plan = MemoryPlan(layout=layout, device=device, host=host)
+    add = plan.components.append
+    actor = fm.rank_params(dims, par.tensor, par.pipeline)
+    split = cfg.algorithm.placement == "split"
+    actor_pool, models_pool = ("actor", "models") if split else ("all", "all")
+    for c in _trainable("actor", actor.total, cfg.model.dtype):
+        add(replace(c, pool=actor_pool))
+    if cfg.algorithm.name == "ppo":
+        critic = fm.rank_params(dims, par.tensor, par.pipeline, value_head=True)
+        for c in _trainable("critic", critic.total, cfg.model.dtype):
+            add(replace(c, pool=models_pool))
+    if cfg.algorithm.kl_coef > 0:
+        ref = Component("reference params", PERSISTENT, actor.total * e, f"{actor.total:,} params × {e} B")
+        add(replace(ref, pool=models_pool))
+    train = _train_phase(cfg, dims, e)
+    for c in train:
+        add(replace(c, pool=actor_pool))
+    if split and cfg.algorithm.name == "ppo":
+        # the critic's update runs on its own pool (its value head has no logits buffer)
+        add(replace(train[0], name="critic activations (1 micro-batch)", pool=models_pool))
+    for c in _generate_phase(cfg, dims, e, device.bytes):
+        add(replace(c, pool=actor_pool))
+    for c in _host_parts(cfg, actor.total, e):
+        add(c)
+    return plan
+
+
+def _trainable(role: str, params: int, dtype: str) -> list[Component]:
+    e = fm.DTYPE_BYTES[dtype]
+    state, master = fm.optimizer_bytes_per_param(dtype)
+    out = [
+        Component(f"{role} params", PERSISTENT, params * e, f"{params:,} params × {e} B"),
+        Component(f"{role} grads", PERSISTENT, params * e, f"{params:,} × {e} B (param dtype)"),
+        Component(f"{role} AdamW states", PERSISTENT, params * state, f"{params:,} × 2 fp32 moments"),
+    ]
+    if master:
+        out.append(Component(f"{role} fp32 master", PERSISTENT, params * master, f"{params:,} × 4 B"))
+    return out
+
+
+def _train_phase(cfg: ExperimentConfig, dims: fm.Dims, e: int) -> list[Component]:
+    par = cfg.parallel
+    s, b = sequence_tokens(cfg), micro_batch(cfg)
+    layers = dims.layers // par.pipeline
+    per_layer = fm.llama_layer_bytes(dims, s, b, e, par.tensor)
+    # embedding output (first stage) and final-norm input + output (last stage): 3 s·b·h, replicated
+    edges = 3 * s * b * dims.hidden * e
+    out = [
+        Component(
+            "activations (1 micro-batch)",
+            "train",
+            layers * per_layer + edges,
+            f"L/p={layers} × llama_layer(s={s}, b={b}, t={par.tensor}) + 3sbh",
+        ),
+        Component(
+            "logits buffer",
+            "train",
+            fm.logits_bytes(dims, s, b, e, par.tensor),
+            f"s·b·V/t × ({e} + 20) B, V={dims.vocab}",
+        ),
+    ]
+    if par.data > 1:
+        grads = fm.rank_params(dims, par.tensor, par.pipeline).total * e
+        out.append(Component("DP flat grad buffer", "grad-sync", grads, "one flat copy of the grads"))
+    return out
+
+
+def _uses_vllm(cfg: ExperimentConfig) -> bool:
+    """engine vllm, or auto on a GPU job (hpcrl.rollout.factory picks vLLM when a GPU is present)."""
+    from hpcrl.config.rules import gpus_per_node
+
+    return cfg.rollout.engine == "vllm" or (cfg.rollout.engine == "auto" and gpus_per_node(cfg) > 0)
+
+
+def _generate_phase(cfg: ExperimentConfig, dims: fm.Dims, e: int, device_bytes: float) -> list[Component]:
+    par = cfg.parallel
+    rt, rp = par.rollout_tensor, par.rollout_pipeline
+    micro_dp = (par.tensor * par.pipeline) // (rt * rp)
+    prompts = cfg.algorithm.prompts_per_step * cfg.rollout.samples_per_prompt
+    sequences = max(1, prompts // (par.data * micro_dp))
+    s = sequence_tokens(cfg)
+    split_bytes = fm.rank_params(dims, 1, 1).split * e
+    gen_bytes = fm.rank_params(dims, rt, rp).total * e
+    bucket = par.reshard_bucket_mb * 1024**2
+    receive = fm.reshard_receive_bytes(split_bytes, par.tensor, par.pipeline, rt, rp)
+    kv = fm.kv_cache_bytes(dims, sequences=sequences, tokens=s, e=e, rollout_tensor=rt, rollout_pipeline=rp)
+    kv_text = f"2·L/p_g·max(1,g/t_g)·d·{e} B × {sequences} seqs × {s} tokens"
+    if _uses_vllm(cfg):
+        # vLLM pre-allocates utilisation·capacity (weights + KV blocks) and runs the sequences in waves
+        # inside it, so what it allocates is its budget, not the all-at-once demand
+        util = cfg.rollout.gpu_memory_utilization
+        kv_text = f"vLLM budget {util:g}·capacity − weights (all at once would be {kv / GIB:.3g} GiB)"
+        kv = max(0.0, util * device_bytes - gen_bytes)
+    return [
+        Component("rollout engine weights", PERSISTENT, gen_bytes, f"generation shard t_g={rt}, p_g={rp}"),
+        Component("KV cache", "generate", kv, kv_text),
+        Component(
+            "reshard staging",
+            "generate",
+            receive + min(bucket, split_bytes),
+            "M/(t_g p_g) − M/(t p) + one bucket (HybridFlow Table 2)",
+        ),
+    ]
+
+
+def _host_parts(cfg: ExperimentConfig, params: int, e: int) -> list[Component]:
+    out = []
+    if cfg.checkpoint.async_save:
+        state, master = fm.optimizer_bytes_per_param(cfg.model.dtype)
+        per = e + state + master
+        out.append(
+            Component("async ckpt snapshot", "host", params * per, f"{params:,} × {per} B (params+optim)")
+        )
+    prompts = cfg.data.train_size + cfg.data.heldout_size
+    out.append(
+        Component(
+            "prompt dataset",
+            "host",
+            prompts * cfg.data.max_prompt_length * 8,
+            f"{prompts:,} prompts × {cfg.data.max_prompt_length} int64 tokens",
+        )
+    )
+    return out
