@@ -41,3 +41,10 @@ class ExperimentConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+
+    @property
+    def ranks_per_element(self) -> int:
+        """Ranks one element needs: tensor*pipeline*data, twice that for split placement (two equal rank
+        pools, HybridFlow's resource pools: actor+rollout on one, critic+reference on the other)."""
+        pools = 2 if self.algorithm.placement == "split" else 1
+        return pools * self.parallel.world_size

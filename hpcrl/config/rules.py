@@ -34,16 +34,19 @@ def check_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
     for key in ("nodes", "tasks_per_node", "cpus_per_task", "time_min", "array_parallelism"):
         if getattr(cl, key) < 1:
             out.append((f"cluster.{key}", f"must be >= 1, got {getattr(cl, key)}"))
+    if cl.max_requeues < 0:
+        out.append(("cluster.max_requeues", f"must be >= 0, got {cl.max_requeues}"))
     if out:
         return out  # the layout rules below divide by these
     ranks = cl.nodes * cl.tasks_per_node
-    if ranks != par.world_size:
+    if ranks != cfg.ranks_per_element:
+        pools = " x 2 pools (algorithm.placement: split)" if cfg.algorithm.placement == "split" else ""
         out.append(
             (
                 "cluster.nodes",
                 f"layout mismatch: cluster.nodes*cluster.tasks_per_node = {cl.nodes}*{cl.tasks_per_node} = {ranks} "
-                f"ranks, but parallel.tensor*parallel.pipeline*parallel.data = "
-                f"{par.tensor}*{par.pipeline}*{par.data} = {par.world_size}",
+                f"ranks, but parallel.tensor*parallel.pipeline*parallel.data{pools} = "
+                f"{par.tensor}*{par.pipeline}*{par.data}{' x 2' if pools else ''} = {cfg.ranks_per_element}",
             )
         )
     if par.tensor % par.rollout_tensor:

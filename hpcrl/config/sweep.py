@@ -30,6 +30,7 @@ SECTIONS = ("grid", "zip", "list")
 SWEEP_LEVEL_KEYS = {
     "cluster.executor": "the executor is chosen once per sweep",
     "cluster.array_parallelism": "array parallelism belongs to the whole array job",
+    "cluster.max_requeues": "the requeue limit belongs to the whole array job",
     "cluster.setup": "shell setup lines come from cluster profiles, never from sweep values",
     "cluster.modules": "module names are shell input; set them in the template or profile, not per element",
 }

@@ -43,6 +43,9 @@ class ClusterConfig:
     signal_delay_s: int = 90
     """Seconds before the time limit at which Slurm signals every rank (submitit's --signal=USR2@N) so
     the element checkpoints (hpcrl.launcher.element.on_requeue callbacks) and is requeued."""
+    max_requeues: int = 3
+    """Times an element is requeued after its time-limit signal (submitit's max_num_timeout); each requeue
+    resumes from the latest checkpoint. Preemptions do not count against it."""
     env: dict[str, str] = field(default_factory=dict)
     """Environment of every rank (e.g. NCCL_IB_HCA); values are quoted, never interpreted by a shell."""
     modules: list[str] = field(default_factory=list)

@@ -23,6 +23,7 @@ Run as a module (`python -m hpcrl.launcher.element CONFIG RUN_DIR`) it is one ra
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -30,14 +31,18 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import submitit
 
 from hpcrl.config.yaml_io import atomic_write
 from hpcrl.errors import ConfigError, Problem
+
+if TYPE_CHECKING:
+    from hpcrl.config.experiment import ExperimentConfig
+    from hpcrl.dist.env import DistEnv
 
 LAUNCHER_STATE = "launcher.json"
 
@@ -130,14 +135,37 @@ def _write_state(run_dir: Path, **fields: Any) -> None:
 
 def run_element(config_path: str | Path, run_dir: str | Path) -> Any:
     """Run this rank of one element; returns the entrypoint's result."""
-    import torch.distributed as dist
-
-    from hpcrl.dist.env import DistEnv, init_process_group
+    from hpcrl.dist.env import DistEnv
 
     run_dir = Path(run_dir)
     cfg = load_resolved(config_path)
     env = DistEnv.from_environ()
-    os.environ.update(env.torchrun_environ())
+    # Scoped: a 1-rank element runs inside the caller's process (`hpcrl run`, tests), whose later
+    # sbatch calls must not inherit this element's MASTER_PORT and RANK.
+    with scoped_environ(env.torchrun_environ()):
+        return _run_rank(cfg, env, run_dir)
+
+
+@contextlib.contextmanager
+def scoped_environ(overrides: dict[str, str]) -> Iterator[None]:
+    """Set environment variables for the duration of the block, then restore the previous values."""
+    saved = {key: os.environ.get(key) for key in overrides}
+    os.environ.update(overrides)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _run_rank(cfg: ExperimentConfig, env: DistEnv, run_dir: Path) -> Any:
+    import torch.distributed as dist
+
+    from hpcrl.dist.env import init_process_group
+
     fn = load_entrypoint(cfg.entrypoint)
     submitit_handler = _submitit_handler()
     if submitit_handler is not None and threading.current_thread() is threading.main_thread():

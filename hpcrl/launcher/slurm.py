@@ -61,9 +61,11 @@ def plan_arrays(elements: Sequence, name: str, limit: int) -> list[tuple[dict, l
 
 
 def submit_array(
-    params: dict, folder: Path, config_paths: list[str], run_dirs: list[str]
+    params: dict, folder: Path, config_paths: list[str], run_dirs: list[str], max_requeues: int = 3
 ) -> tuple[str, list[str], str]:
     """Submit one array job (ONE sbatch call); returns (job id, each element's job id, the sbatch script).
+
+    `max_requeues` (cluster.max_requeues) bounds submitit's requeues after the time-limit signal.
 
     submitit submits a single element as a plain job (id 'N', not 'N_0'); the ids it reports are kept.
     """
@@ -72,7 +74,7 @@ def submit_array(
     from hpcrl.launcher.element import ElementTask
 
     try:
-        executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=3)
+        executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=max_requeues)
     except RuntimeError as err:
         raise ClusterError(str(err)) from None
     executor.update_parameters(**params)

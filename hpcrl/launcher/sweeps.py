@@ -116,7 +116,11 @@ def submit_elements(manifest: Manifest, elements: list[ResolvedConfig], max_arra
         entries = [manifest.entries[m.index] for m in members]
         try:
             array_id, job_ids, script = slurm.submit_array(
-                params, folder, [e.config_path for e in entries], [e.run_dir for e in entries]
+                params,
+                folder,
+                [e.config_path for e in entries],
+                [e.run_dir for e in entries],
+                max_requeues=members[0].config.cluster.max_requeues,
             )
         except ClusterError:
             for _, rest in plan[k:]:

@@ -1,7 +1,12 @@
 """Compose one rank's RL job from an ExperimentConfig: data, tokenizer, trainers, reshard, rollout, reward.
 
-Composition only; each piece is built by its owner's factory. Colocated placement: every role on every
-rank, the actor's weights reach the rollout engine through the reshard engine each step.
+Composition only; each piece is built by its owner's factory. Placement (`algorithm.placement`):
+- colocated: every role on every rank; the actor's weights reach the rollout engine through the reshard
+  engine each step (HybridFlow's colocated resource pool).
+- split: two disjoint resource pools of the same training layout p-t-d (HybridFlow §4.1): ranks
+  [0, n) host the actor and the rollout engine (reshard inside the pool), ranks [n, 2n) host the critic
+  and the reference; world = 2n. Batches cross pools through collectives over the default group (the
+  worker groups' `Pool.share` / the rollout all-gather); the driver code is the same.
 """
 
 from __future__ import annotations
@@ -15,9 +20,10 @@ from hpcrl.config.experiment import ExperimentConfig
 from hpcrl.data.cursor import DataCursor, PromptSampler
 from hpcrl.data.sources import load_splits
 from hpcrl.data.tokenizer import encode_prompts
+from hpcrl.errors import ConfigError, Problem
 from hpcrl.metrics.logger import MetricsLogger
 from hpcrl.rl.driver import PromptCodec, RLDriver, Workers
-from hpcrl.rl.workers import ActorWorker, RolloutWorker, Shards, TrainerWorker
+from hpcrl.rl.workers import ActorWorker, Pool, RolloutWorker, Shards, TrainerWorker
 from hpcrl.rollout.base import SamplingParams
 
 
@@ -52,6 +58,68 @@ class ReshardHandoff:
             self.engine.to_training(shard)
 
 
+def has_second_pool_roles(cfg: ExperimentConfig) -> bool:
+    """Whether the job has a critic (ppo) or a reference (kl_coef > 0): the roles of the second pool."""
+    return cfg.algorithm.name == "ppo" or cfg.algorithm.kl_coef > 0
+
+
+def training_world(cfg: ExperimentConfig, world: int) -> int:
+    """Ranks of one training layout: the world (colocated) or one of the two equal pools (split)."""
+    return world * cfg.parallel.world_size // cfg.ranks_per_element
+
+
+def placement_problems(cfg: ExperimentConfig, world: int) -> list[Problem]:
+    """Rules of `algorithm.placement` (each Problem names its key); empty when the placement fits."""
+    if cfg.algorithm.placement != "split":
+        return []
+    problems = []
+    pool = cfg.parallel.world_size
+    if world != 2 * pool:
+        problems.append(
+            Problem(
+                f"split placement runs two pools of the training layout (tensor*pipeline*data = {pool} "
+                f"ranks each): the job needs {2 * pool} ranks, it has {world}",
+                key="algorithm.placement",
+            )
+        )
+    if not has_second_pool_roles(cfg):
+        problems.append(
+            Problem(
+                f"split placement puts the critic and the reference on their own pool, but "
+                f"{cfg.algorithm.name} with kl_coef=0 has neither (use colocated)",
+                key="algorithm.placement",
+            )
+        )
+    return problems
+
+
+@dataclass(frozen=True)
+class Pools:
+    """Where each role lives: `actor` hosts actor + rollout, `models` the critic and the reference."""
+
+    actor: Pool
+    models: Pool
+
+    @classmethod
+    def for_config(cls, cfg: ExperimentConfig, world: int) -> Pools:
+        if cfg.algorithm.placement == "split":
+            n = cfg.parallel.world_size
+            return cls(Pool(0, n, world), Pool(n, n, world))
+        return cls(Pool.everywhere(world), Pool.everywhere(world))
+
+
+def _pool_groups(cfg: ExperimentConfig, pools: Pools):
+    """(actor-pool groups, model-pool groups) of this rank, None where it is outside a pool. Collective:
+    every rank creates every group (torch's new_group rule)."""
+    from hpcrl.train.model import build_train_groups
+
+    p = cfg.parallel
+    actor = build_train_groups(p.tensor, p.pipeline, p.data, rank_offset=pools.actor.start)
+    if pools.models == pools.actor:
+        return actor, actor
+    return actor, build_train_groups(p.tensor, p.pipeline, p.data, rank_offset=pools.models.start)
+
+
 @dataclass
 class Job:
     driver: RLDriver
@@ -59,40 +127,18 @@ class Job:
 
 
 def build_job(cfg: ExperimentConfig, run_dir: Path, rank: int, world: int) -> Job:
-    from hpcrl.dist.layout import ParallelLayout
-    from hpcrl.reshard.build import ENGINE_FAMILIES, build_reshard_engine
-    from hpcrl.reshard.transport import make_groups
     from hpcrl.rewards.scoring import build_scorer
-    from hpcrl.rollout.factory import build_rollout_engine
-    from hpcrl.train.model import build_train_groups, named_global_params
-    from hpcrl.train.trainer import build_policy_trainer, build_value_trainer
 
+    problems = placement_problems(cfg, world)
+    if problems:
+        raise ConfigError(problems)
     tokenizer = build_tokenizer(cfg)
     train, heldout = load_splits(cfg.data)
     encode_prompts(tokenizer, [e.prompt for e in train + heldout], cfg.data.max_prompt_length)  # fail early
-    layout = ParallelLayout.from_config(cfg.parallel)
-    groups = build_train_groups(cfg.parallel.tensor, cfg.parallel.pipeline, cfg.parallel.data)
-    temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
-    actor_trainer = build_policy_trainer(cfg.model, cfg.optim, groups, temperature=temperature)
-    model_cfg = actor_trainer.model_cfg  # read from the HF directory when model.hf_path is set
-    reshard_groups = make_groups(layout, ENGINE_FAMILIES, timeout_s=cfg.parallel.timeout_s)
-    reshard = build_reshard_engine(model_cfg, layout, rank=rank, groups=reshard_groups)
-    reshard.bind(dict(named_global_params(actor_trainer.model, model_cfg, groups)))
-    mbs = cfg.optim.micro_batch_size
-    actor = ActorWorker(actor_trainer, ReshardHandoff(reshard, layout, rank, model_cfg), mbs)
-    reference = None
-    if cfg.algorithm.kl_coef > 0:
-        reference = TrainerWorker(build_policy_trainer(cfg.model, None, groups, temperature=temperature), mbs)
-    critic = None
-    if cfg.algorithm.name == "ppo":
-        critic = TrainerWorker(build_value_trainer(cfg.model, cfg.optim, groups), mbs)
-    engine = build_rollout_engine(cfg.rollout, model_cfg, tokenizer.pad_token_id, tokenizer.eos_token_id)
-    coords = layout.rollout_coords(rank)
-    world_group = dist.group.WORLD if world > 1 else None
-    rollout = RolloutWorker(
-        engine, Shards(coords.data, layout.rollout_data), world_group, tokenizer.pad_token_id
-    )
-
+    pools = Pools.for_config(cfg, world)
+    actor_groups, model_groups = _pool_groups(cfg, pools)
+    actor, rollout = _build_actor_and_rollout(cfg, tokenizer, pools.actor, actor_groups, rank, world)
+    reference, critic = _build_model_pool(cfg, pools.models, model_groups)
     codec = PromptCodec(
         encode=lambda texts: encode_prompts(tokenizer, texts, cfg.data.max_prompt_length),
         decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
@@ -113,3 +159,52 @@ def build_job(cfg: ExperimentConfig, run_dir: Path, rank: int, world: int) -> Jo
     )
     logger = MetricsLogger(cfg.logging, run_dir, cfg.algorithm.steps, is_main=rank == 0)
     return Job(driver=driver, logger=logger)
+
+
+def _temperature(cfg: ExperimentConfig) -> float:
+    return cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
+
+
+def _build_actor_and_rollout(cfg: ExperimentConfig, tokenizer, pool: Pool, groups, rank: int, world: int):
+    """Actor trainer + reshard engine + rollout engine on the actor pool; stand-ins elsewhere."""
+    from hpcrl.dist.layout import ParallelLayout
+    from hpcrl.reshard.build import ENGINE_FAMILIES, build_reshard_engine
+    from hpcrl.reshard.transport import make_groups
+    from hpcrl.rollout.factory import build_rollout_engine
+    from hpcrl.train.model import named_global_params
+    from hpcrl.train.trainer import build_policy_trainer
+
+    layout = ParallelLayout.from_config(cfg.parallel)  # the actor pool's ranks are [0, layout.world_size)
+    reshard_groups = make_groups(layout, ENGINE_FAMILIES, timeout_s=cfg.parallel.timeout_s)  # every rank
+    world_group = dist.group.WORLD if world > 1 else None
+    mbs = cfg.optim.micro_batch_size
+    if rank not in pool:
+        actor = ActorWorker(None, None, mbs, pool)
+        return actor, RolloutWorker(None, Shards(-1, 1), world_group, tokenizer.pad_token_id)
+    trainer = build_policy_trainer(cfg.model, cfg.optim, groups, temperature=_temperature(cfg))
+    model_cfg = trainer.model_cfg  # read from the HF directory when model.hf_path is set
+    reshard = build_reshard_engine(model_cfg, layout, rank=rank, groups=reshard_groups)
+    reshard.bind(dict(named_global_params(trainer.model, model_cfg, groups)))
+    actor = ActorWorker(trainer, ReshardHandoff(reshard, layout, rank, model_cfg), mbs, pool)
+    engine = build_rollout_engine(cfg.rollout, model_cfg, tokenizer.pad_token_id, tokenizer.eos_token_id)
+    shards = Shards(layout.rollout_coords(rank).data, layout.rollout_data)
+    return actor, RolloutWorker(engine, shards, world_group, tokenizer.pad_token_id)
+
+
+def _build_model_pool(cfg: ExperimentConfig, pool: Pool, groups):
+    """(reference, critic) worker groups, each None when the algorithm has no such role."""
+    from hpcrl.train.trainer import build_policy_trainer, build_value_trainer
+
+    mbs = cfg.optim.micro_batch_size
+    member = groups is not None
+    reference = critic = None
+    if cfg.algorithm.kl_coef > 0:
+        trainer = (
+            build_policy_trainer(cfg.model, None, groups, temperature=_temperature(cfg)) if member else None
+        )
+        reference = TrainerWorker(trainer, mbs, pool)
+    if cfg.algorithm.name == "ppo":
+        critic = TrainerWorker(
+            build_value_trainer(cfg.model, cfg.optim, groups) if member else None, mbs, pool
+        )
+    return reference, critic

@@ -79,9 +79,10 @@ class RLCheckpointing:
         self._last_saved: int | None = None
 
     def _trainers(self) -> dict[str, object]:
+        # Split placement: a rank holds only its own pool's trainers (the others are stand-ins).
         workers = self.driver.workers
-        out = {"actor.": workers.actor.trainer}
-        if workers.critic is not None:
+        out = {"actor.": workers.actor.trainer} if workers.actor.trainer is not None else {}
+        if workers.critic is not None and workers.critic.trainer is not None:
             out["critic."] = workers.critic.trainer
         return out
 

@@ -1,9 +1,11 @@
 """The single-controller RL dataflow (HybridFlow §4): generate -> reward -> ref/old log-probs -> values ->
 advantages -> update, as plain code over worker groups.
 
-Placement is colocated: actor, reference, critic and rollout live on the same ranks; before generating,
-the actor's weights go train -> rollout through the reshard engine (`ActorWorker.sync_weights_to`). Every
-rank runs this code on the same global tensors (see workers.py); rank 0 logs.
+Placement is the worker groups' business (hpcrl.rl.assemble): colocated, actor, reference, critic and
+rollout live on the same ranks; split, actor + rollout on one pool and critic + reference on another.
+Either way, before generating, the actor's weights go train -> rollout through the reshard engine
+(`ActorWorker.sync_weights_to`), and every rank runs this code on the same global tensors (see
+workers.py); rank 0 logs.
 
 One step, for B = prompts_per_step x samples_per_prompt sequences:
   1. reshard actor -> rollout; 2. sample B responses (+ their rollout log-probs); 3. score them (skipped
@@ -30,7 +32,7 @@ from hpcrl.rl.config import AlgorithmConfig
 from hpcrl.rl.experience import Experience
 from hpcrl.rl.losses import kl_penalty, masked_mean
 from hpcrl.rl.objectives import policy_loss_fn, value_loss_fn
-from hpcrl.rl.workers import ActorWorker, RolloutWorker, TrainerWorker, logprobs_of, values_of
+from hpcrl.rl.workers import ActorWorker, RolloutWorker, TrainerWorker, response_logprobs
 from hpcrl.rollout.base import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -159,24 +161,31 @@ class RLDriver:
         return self._score(exp.examples, exp.responses).scores_B
 
     def _prepare(self, exp: Experience, metrics: dict) -> None:
-        """Old/ref log-probs, values, token rewards and advantages (all global, response space)."""
+        """Old/ref log-probs, values, token rewards and advantages (all global, response space).
+
+        The three forwards start before any result is taken, so split pools run them concurrently."""
         mask = exp.response_mask_BT
-        old_logp, entropy = logprobs_of(self.workers.actor, exp)
+        batch = exp.train_batch()
+        w = self.workers
+        pending_old = w.actor.start_forward(batch)
+        pending_ref = w.reference.start_forward(batch) if w.reference is not None else None
+        pending_values = w.critic.start_forward(batch) if w.critic is not None else None
+        old_logp, _ = response_logprobs(exp, pending_old.result())
         delta = (old_logp - exp.gen.logprobs_BT).abs()[mask.bool()]
         metrics["mismatch/logprob_max"] = float(delta.max()) if delta.numel() else 0.0
         metrics["mismatch/logprob_mean"] = float(delta.mean()) if delta.numel() else 0.0
         exp.tensors["old_logprobs"] = old_logp
         token_rewards = outcome_to_token_rewards(exp.scores_B, mask)
-        if self.workers.reference is not None:
-            ref_logp, _ = logprobs_of(self.workers.reference, exp)
+        if pending_ref is not None:
+            ref_logp, _ = response_logprobs(exp, pending_ref.result())
             exp.tensors["ref_logprobs"] = ref_logp
             kl_BT = kl_penalty(old_logp, ref_logp, self.algo.kl_estimator) * mask
             metrics["kl/ref"] = float(masked_mean(kl_BT, mask))
             if self.algo.kl_in_reward:
                 token_rewards = token_rewards - self.algo.kl_coef * kl_BT
         values = None
-        if self.workers.critic is not None:
-            values = values_of(self.workers.critic, exp) * mask
+        if pending_values is not None:
+            values = exp.to_response(pending_values.result().values_BT) * mask
             exp.tensors["old_values"] = values
         out = compute_advantages(
             self.algo.name,
@@ -206,10 +215,14 @@ class RLDriver:
             if self.workers.critic is not None
             else None
         )
-        for _ in range(self.algo.ppo_epochs):
-            stats = self.workers.actor.update(actor_batch, self.policy_loss)
+        for _ in range(self.algo.ppo_epochs):  # both updates start first: split pools run them concurrently
+            pending_actor = self.workers.actor.start_update(actor_batch, self.policy_loss)
+            pending_critic = None
             if critic_batch is not None:
-                cstats = self.workers.critic.update(critic_batch, self.value_loss)
+                pending_critic = self.workers.critic.start_update(critic_batch, self.value_loss)
+            stats = pending_actor.result()
+            if pending_critic is not None:
+                cstats = pending_critic.result()
         metrics.update({k if "/" in k else f"actor/{k}": v for k, v in stats.items()})
         if critic_batch is not None:
             metrics.update(

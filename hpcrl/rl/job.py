@@ -30,18 +30,22 @@ get minutes of wall-clock work from the real job at almost no CPU cost. Changes 
 def config_problems(cfg: ExperimentConfig, world_size: int) -> list[Problem]:
     """Rules across components that only the RL job knows (each Problem names its key)."""
     from hpcrl.dist.layout import ParallelLayout
+    from hpcrl.rl.assemble import placement_problems, training_world
 
     algo, rollout = cfg.algorithm, cfg.rollout
     problems: list[Problem] = []
-    if algo.name not in ONLINE_ALGORITHMS:
+    if algo.name == "dpo":
         problems.append(
             Problem(
-                f"{algo.name!r} is offline (hpcrl.rl.losses.dpo_loss); this job runs {ONLINE_ALGORITHMS}",
+                "'dpo' is offline: set entrypoint: hpcrl.rl.dpo:main (see templates/dpo_tiny.yaml)",
                 key="algorithm.name",
             )
         )
-    if algo.placement != "colocated":
-        problems.append(Problem("only colocated placement is implemented", key="algorithm.placement"))
+    elif algo.name not in ONLINE_ALGORITHMS:
+        problems.append(
+            Problem(f"this job runs {ONLINE_ALGORITHMS}, not {algo.name!r}", key="algorithm.name")
+        )
+    problems.extend(placement_problems(cfg, world_size))
     if algo.name in ("grpo", "rloo") and rollout.samples_per_prompt < 2:
         problems.append(
             Problem(f"{algo.name} needs >= 2 samples per prompt", key="rollout.samples_per_prompt")
@@ -58,7 +62,7 @@ def config_problems(cfg: ExperimentConfig, world_size: int) -> list[Problem]:
         problems.append(Problem("kl_in_reward needs kl_coef > 0", key="algorithm.kl_in_reward"))
     try:
         layout = ParallelLayout.from_config(cfg.parallel)
-        layout.check_world(world_size)
+        layout.check_world(training_world(cfg, world_size))
         layout.check_model(cfg.model)
     except ConfigError as err:
         problems.extend(err.problems)

@@ -6,12 +6,18 @@ results back into a global batch on every rank (`collect`). All ranks run the sa
 single controller is replicated; without Ray, SPMD is how torch.distributed jobs run), so every rank
 sees the same global tensors and takes the same decisions.
 
+Placement (HybridFlow's resource pools, §4.1): a worker group lives on a `Pool` of ranks. Colocated, every
+pool is the whole world and `collect` already leaves the global result on every rank. Split, each role's
+pool is a disjoint block of ranks; ranks outside a pool hold a stand-in of that worker (no engine, no
+model) that only takes part in the hand-over: the pool's first rank broadcasts the collected result over
+the default group (`Pool.share`), so the single-controller code runs unchanged on every rank.
+
 Shape legend: B = sequences (global unless named local), T = response tokens, S = sequence tokens.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -48,6 +54,54 @@ class Shards:
         return out
 
 
+@dataclass(frozen=True)
+class Pool:
+    """Ranks [start, start + size) of the default group that host one role (a resource pool)."""
+
+    start: int
+    size: int
+    world: int
+
+    @classmethod
+    def everywhere(cls, world: int) -> Pool:
+        return cls(0, world, world)
+
+    def __contains__(self, rank: int) -> bool:
+        return self.start <= rank < self.start + self.size
+
+    @property
+    def spans_world(self) -> bool:
+        return self.start == 0 and self.size == self.world
+
+    def share(self, local: object) -> object:
+        """The pool's result on every rank of the world (all ranks call it; members pass their result,
+        which is the same on every member after `Shards.collect`, others pass None)."""
+        if self.spans_world:
+            return local
+        box = [local]
+        dist.broadcast_object_list(box, src=self.start)
+        return box[0]
+
+
+@dataclass
+class Pending:
+    """A worker group's result, computed on its pool but not yet handed to the other ranks.
+
+    `result()` is the hand-over (a collective over the default group when pools are split): every rank
+    calls it, in the same order. Starting several roles' work before taking any result lets disjoint
+    pools compute at the same time (the critic updates while the actor does, HybridFlow §4.1); colocated,
+    the work simply runs one role after the other and `result()` costs nothing.
+    """
+
+    local: object
+    share: Callable[[object], object]
+    wrap: Callable[[object], object] | None = None
+
+    def result(self):
+        shared = self.share(self.local)
+        return shared if self.wrap is None else self.wrap(shared)
+
+
 def _cat_dicts(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
@@ -56,11 +110,17 @@ class RolloutWorker:
     """Generation replicas: each generation-DP rank samples its share of the prompts.
 
     `shards` is over the generation data-parallel index (p_g x t_g blocks share one index and produce
-    identical outputs; `collect` keeps one copy per index).
+    identical outputs; `collect` keeps one copy per index). `engine` is None on ranks outside the rollout
+    pool (split placement): they contribute nothing to the all-gather over `world_group` and receive the
+    global output like every other rank.
     """
 
     def __init__(
-        self, engine: RolloutEngine, shards: Shards, world_group: dist.ProcessGroup | None, pad_id: int
+        self,
+        engine: RolloutEngine | None,
+        shards: Shards,
+        world_group: dist.ProcessGroup | None,
+        pad_id: int,
     ):
         self.engine, self.shards, self.world_group, self.pad_id = engine, shards, world_group, pad_id
 
@@ -70,11 +130,13 @@ class RolloutWorker:
     def generate(
         self, prompt_ids: Sequence[Sequence[int]], sampling: SamplingParams, seed: int
     ) -> GenerationOutput:
-        start, stop = self.shards.bounds(len(prompt_ids))
-        torch.manual_seed(seed * 7919 + self.shards.index)  # distinct per replica, reproducible per step
-        local = self.engine.generate(prompt_ids[start:stop], sampling) if stop > start else None
-        if local is not None:
-            local = _pad_generation(local, sampling.max_new_tokens, self.pad_id)
+        local = None
+        if self.engine is not None:
+            start, stop = self.shards.bounds(len(prompt_ids))
+            torch.manual_seed(seed * 7919 + self.shards.index)  # distinct per replica, reproducible per step
+            if stop > start:
+                local = self.engine.generate(prompt_ids[start:stop], sampling)
+                local = _pad_generation(local, sampling.max_new_tokens, self.pad_id)
         gathered = Shards(0, 1, self.world_group).collect((self.shards.index, local))
         by_index = {}
         for index, out in gathered:
@@ -100,49 +162,70 @@ def _pad_generation(out: GenerationOutput, width: int, pad_id: int) -> Generatio
 
 
 class TrainerWorker:
-    """A megatron trainer (actor, reference or critic) over the training DP ranks.
+    """A megatron trainer (actor, reference or critic) over the training DP ranks of its pool.
 
     `forward` dispatches the global batch by DP rank, runs the trainer, and collects the outputs over the
-    DP group, so every rank holds the global result (TP/PP ranks of a block already agree).
+    DP group, so every rank of the pool holds the global result (TP/PP ranks of a block already agree);
+    `pool.share` then hands it to the ranks outside the pool. `trainer` is None outside the pool.
     """
 
-    def __init__(self, trainer, micro_batch_size: int | None = None):
+    def __init__(self, trainer, micro_batch_size: int | None = None, pool: Pool | None = None):
         self.trainer = trainer
-        groups = trainer.groups
-        self.shards = Shards(groups.dp_rank, groups.data, groups.dp if groups.data > 1 else None)
+        self.pool = pool
+        if trainer is None and (pool is None or pool.spans_world):
+            raise ValueError("a TrainerWorker without a trainer needs the pool that hosts the model")
+        groups = trainer.groups if trainer is not None else None
+        self.shards = (
+            Shards(groups.dp_rank, groups.data, groups.dp if groups.data > 1 else None)
+            if groups is not None
+            else Shards(0, 1)
+        )
         self.micro_batch_size = micro_batch_size
+
+    def _share(self, local: object) -> object:
+        return local if self.pool is None else self.pool.share(local)
 
     def _local(self, batch: TrainBatch) -> TrainBatch:
         start, stop = self.shards.bounds(len(batch))
         return batch.slice(start, stop)
 
+    def start_forward(self, batch: TrainBatch) -> Pending:
+        """Run the forward on this worker's pool; `.result()` hands HeadOutputs to every rank."""
+        merged = None
+        if self.trainer is not None:
+            out = self.trainer.forward(self._local(batch), self.micro_batch_size)
+            parts = self.shards.collect({k: v.cpu() for k, v in out.tensors().items()})
+            merged = _cat_dicts(parts)
+        return Pending(merged, self._share, lambda tensors: HeadOutputs(**tensors))
+
+    def start_update(self, batch: TrainBatch, loss_fn: LossFn) -> Pending:
+        """Run one update on this worker's pool; `.result()` hands its metrics to every rank."""
+        stats = None
+        if self.trainer is not None:
+            stats = self.trainer.update(self._local(batch), loss_fn, self.micro_batch_size)
+        return Pending(stats, self._share)
+
     def forward(self, batch: TrainBatch) -> HeadOutputs:
-        out = self.trainer.forward(self._local(batch), self.micro_batch_size)
-        merged = _cat_dicts([p for p in self.shards.collect({k: v.cpu() for k, v in out.tensors().items()})])
-        return HeadOutputs(**merged)
+        return self.start_forward(batch).result()
 
     def update(self, batch: TrainBatch, loss_fn: LossFn) -> dict[str, float]:
-        return self.trainer.update(self._local(batch), loss_fn, self.micro_batch_size)
+        return self.start_update(batch, loss_fn).result()
 
 
 class ActorWorker(TrainerWorker):
     """The policy: log-probs/entropy, PPO updates, and the train -> rollout weight hand-off (reshard)."""
 
-    def __init__(self, trainer, reshard, micro_batch_size: int | None = None):
-        super().__init__(trainer, micro_batch_size)
+    def __init__(self, trainer, reshard, micro_batch_size: int | None = None, pool: Pool | None = None):
+        super().__init__(trainer, micro_batch_size, pool)
         self.reshard = reshard
-        """Callable(rollout_worker) -> tensors loaded: moves weights through the reshard engine."""
+        """Callable(rollout_worker) -> tensors loaded: moves weights through the reshard engine (None
+        outside the actor pool: the rollout engine lives with the actor, so nothing moves there)."""
 
     def sync_weights_to(self, rollout: RolloutWorker) -> int:
-        return self.reshard(rollout)
+        return self.reshard(rollout) if self.reshard is not None else 0
 
 
-def logprobs_of(worker: TrainerWorker, exp: Experience) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(logprobs_BT, entropy_BT) of the responses in response space (global)."""
-    out = worker.forward(exp.train_batch())
+def response_logprobs(exp: Experience, out: HeadOutputs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(logprobs_BT, entropy_BT) of a forward's outputs, moved to response space."""
     entropy = None if out.entropy_BT is None else exp.to_response(out.entropy_BT)
     return exp.to_response(out.logprobs_BT), entropy
-
-
-def values_of(worker: TrainerWorker, exp: Experience) -> torch.Tensor:
-    return exp.to_response(worker.forward(exp.train_batch()).values_BT)

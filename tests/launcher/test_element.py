@@ -58,3 +58,22 @@ def test_hpcrl_sbatch_wrapper_submits_through_slurm_dry_run(tmp_path):
     assert (
         subprocess.run([str(REPO / "launch/hpcrl-sbatch")], capture_output=True, check=False).returncode == 2
     )
+
+
+def test_an_in_process_run_leaves_no_rank_variables_behind(tmp_path, monkeypatch):
+    """A 1-rank element runs inside the caller; later sbatch calls from that process must not inherit
+    its MASTER_PORT/RANK (two array elements would otherwise fight over one port)."""
+    from hpcrl.cli import main
+
+    repo = Path(__file__).resolve().parents[2]
+    for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("MASTER_ADDR", "kept.example")
+    template = tmp_path / "probe.yaml"
+    template.write_text(
+        f"extends: {repo / 'templates' / 'base.yaml'}\nname: probe1\nentrypoint: hpcrl.launcher.probe:main\n"
+        f"run_root: {tmp_path / 'runs'}\n"
+    )
+    assert main(["run", str(template)]) == 0
+    assert os.environ["MASTER_ADDR"] == "kept.example"
+    assert not {"MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"} & os.environ.keys()

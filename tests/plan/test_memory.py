@@ -143,7 +143,10 @@ def test_dims_from_an_hf_directory(tmp_path):
 
 def test_split_placement_takes_the_worst_pool():
     colocated = predict(config(**{"algorithm.name": "ppo"}), host_bytes=24 * GIB)
-    split = predict(config(**{"algorithm.name": "ppo", "algorithm.placement": "split"}), host_bytes=24 * GIB)
+    split_cfg = config(
+        **{"algorithm.name": "ppo", "algorithm.placement": "split", "cluster.tasks_per_node": 2}
+    )
+    split = predict(split_cfg, host_bytes=24 * GIB)
     pools = {c.pool for c in split.components if c.phase != "host"}
     assert pools == {"actor", "models"} and {c.pool for c in colocated.components} == {"all"}
     actor_phases, models_phases = split.phase_bytes("actor"), split.phase_bytes("models")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from hpcrl.errors import ConfigError, Problem
 from hpcrl.launcher.cli_common import add_template_arguments, overrides_from, print_config_if_asked
 
 HELP = "Submit a template's sweep as array job(s) (non-blocking); --dry-run renders the sbatch script only."
@@ -22,6 +23,30 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--sweep_dir", type=str, default=None, help="Sweep directory (default: under run_root)."
     )
+    parser.add_argument(
+        "--ignore_memory_plan",
+        action="store_true",
+        help="Submit even when `hpcrl plan` predicts an element does not fit its device memory.",
+    )
+
+
+def memory_preflight(sweep) -> list[Problem]:
+    """Elements that the memory planner (hpcrl.plan) predicts not to fit, as problems (exit 2).
+
+    An element whose model dims can't be read here (an `hf_path` that exists only on the cluster) is
+    skipped with a note: the planner cannot judge it, and refusing it would block every such recipe."""
+    from hpcrl.plan.memory import ModelDimsUnavailable, predict
+
+    problems: list[Problem] = []
+    for element in sweep.elements:
+        try:
+            plan = predict(element.config)
+        except ModelDimsUnavailable as err:
+            print(f"hpcrl: memory preflight skipped for element {element.index}: {err}", file=sys.stderr)
+            continue
+        where = f"element {element.index} ({element.config_id})"
+        problems += [Problem(f"{where}: {text}", key="memory plan") for text in plan.problems()]
+    return problems
 
 
 def main(args) -> int:
@@ -32,6 +57,11 @@ def main(args) -> int:
     sweep = resolve(args.template, overrides)
     if print_config_if_asked(args, sweep):
         return 0
+    if not args.ignore_memory_plan:
+        problems = memory_preflight(sweep)
+        if problems:
+            problems.append(Problem("see `hpcrl plan TEMPLATE`; --ignore_memory_plan submits anyway"))
+            raise ConfigError(problems)
     sweep_dir = Path(args.sweep_dir).absolute() if args.sweep_dir else sweeps.default_sweep_dir(sweep)
     executor = sweep.elements[0].config.cluster.executor
     if args.dry_run:

@@ -1,0 +1,267 @@
+"""Offline DPO: a policy trainer learns from preference pairs against a frozen reference model.
+
+`main(cfg, run_dir)` is the job's entrypoint (`entrypoint: hpcrl.rl.dpo:main`, see templates/dpo_tiny.yaml);
+it runs on every rank after torch.distributed is initialised, like hpcrl.rl.job.main. Per step:
+  1. sample `algorithm.prompts_per_step` pairs (resumable cursor, hpcrl.data.cursor);
+  2. one [2N, S] batch, rows (chosen_0, rejected_0, chosen_1, ...): prompt + response + <eos>, the loss
+     counting response tokens only;
+  3. summed response log-probs of the frozen reference (the initial policy, never updated);
+  4. one policy update on the DPO sigmoid loss (Rafailov et al. 2023, eq. 7; hpcrl.rl.losses.dpo_loss):
+     L = -log sigmoid(beta [(log pi(y_w) - log ref(y_w)) - (log pi(y_l) - log ref(y_l))]).
+Metrics: dpo/loss, dpo/accuracy (share of pairs whose implicit reward prefers the chosen response),
+dpo/margin (mean implicit reward margin), dpo/chosen_reward, dpo/rejected_reward; every `eval_every`
+steps the same on the held-out pairs. `reward/mean` and `reward/heldout` carry the train and held-out
+preference accuracy so the progress bar and reward.png show DPO runs like RL runs.
+
+Shape legend: B = sequences (2 per pair), N = pairs, S = prompt + response tokens (right padded).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from hpcrl.config.experiment import ExperimentConfig
+from hpcrl.data.cursor import PromptSampler
+from hpcrl.data.preference import PreferencePair
+from hpcrl.errors import ConfigError, Problem
+from hpcrl.rl.losses import dpo_loss
+from hpcrl.rl.workers import TrainerWorker
+from hpcrl.train.batch import TrainBatch
+
+log = logging.getLogger(__name__)
+
+
+def pair_batch(pairs: list[PreferencePair], tokenizer, max_prompt_length: int, context: int) -> TrainBatch:
+    """The [2N, S] batch of `pairs` (chosen then rejected per pair), right padded; a pair longer than the
+    model's context is a ConfigError naming it."""
+    from hpcrl.data.tokenizer import encode_prompts
+
+    prompts = encode_prompts(tokenizer, [p.prompt for p in pairs], max_prompt_length)
+    texts = [r for p in pairs for r in (p.chosen, p.rejected)]
+    responses = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    rows, starts = [], []
+    for i, response in enumerate(responses):
+        prompt = prompts[i // 2]
+        rows.append(prompt + list(response) + [tokenizer.eos_token_id])
+        starts.append(len(prompt))
+    too_long = [i // 2 for i, row in enumerate(rows) if len(row) > context]
+    if too_long:
+        raise ConfigError(
+            Problem(
+                f"{len(set(too_long))} pair(s) exceed the model's context of {context} tokens "
+                f"(first: {pairs[too_long[0]].prompt[:40]!r})",
+                key="model.max_position_embeddings",
+            )
+        )
+    width = max(len(row) for row in rows)
+    ids_BS = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+    attention_BS = torch.zeros((len(rows), width), dtype=torch.bool)
+    response_BS = torch.zeros((len(rows), width), dtype=torch.bool)
+    for b, (row, start) in enumerate(zip(rows, starts, strict=True)):
+        ids_BS[b, : len(row)] = torch.tensor(row)
+        attention_BS[b, : len(row)] = True
+        response_BS[b, start : len(row)] = True
+    return TrainBatch(ids_BS, attention_BS, response_BS)
+
+
+class PairWorker(TrainerWorker):
+    """A trainer over DP ranks that dispatches whole pairs: rows 2i and 2i+1 stay on one rank."""
+
+    def _local(self, batch: TrainBatch) -> TrainBatch:
+        start, stop = self.shards.bounds(len(batch) // 2)
+        return batch.slice(2 * start, 2 * stop)
+
+    def sequence_logprobs(self, batch: TrainBatch) -> torch.Tensor:
+        """Summed log-probs of each row's response tokens, [B] (global)."""
+        out = self.forward(batch)
+        return (out.logprobs_BT * batch.response_mask_BT).sum(dim=1)
+
+
+def dpo_loss_fn(beta: float):
+    """The trainer's loss callback: this micro-batch's share of the mean DPO loss over all pairs."""
+
+    def loss_fn(out, mb: TrainBatch) -> tuple[torch.Tensor, dict]:
+        logp_B = (out.logprobs_BT * mb.response_mask_BT).sum(dim=1)
+        ref_B = mb.extras["ref_logprobs"]
+        loss, stats = dpo_loss(logp_B[0::2], logp_B[1::2], ref_B[0::2], ref_B[1::2], beta)
+        with torch.no_grad():
+            chosen = beta * (logp_B[0::2] - ref_B[0::2]).mean()
+            rejected = beta * (logp_B[1::2] - ref_B[1::2]).mean()
+        share = (len(mb) // 2) / (mb.num_global_seqs // 2)
+        metrics = {
+            "dpo/accuracy": stats.reward_accuracy,
+            "dpo/margin": stats.reward_margin,
+            "dpo/chosen_reward": chosen,
+            "dpo/rejected_reward": rejected,
+        }
+        return loss * share, metrics
+
+    return loss_fn
+
+
+def pair_metrics(
+    policy_B: torch.Tensor, ref_B: torch.Tensor, beta: float, prefix: str = "dpo/heldout_"
+) -> dict[str, float]:
+    loss, stats = dpo_loss(policy_B[0::2], policy_B[1::2], ref_B[0::2], ref_B[1::2], beta)
+    return {
+        f"{prefix}loss": float(loss),
+        f"{prefix}accuracy": stats.reward_accuracy,
+        f"{prefix}margin": stats.reward_margin,
+    }
+
+
+@dataclass
+class DPODriver:
+    beta: float
+    pairs_per_step: int
+    policy: PairWorker
+    reference: PairWorker
+    sampler: PromptSampler[PreferencePair]
+    """Training pairs in resumable shuffled order."""
+    make_batch: Callable[[list[PreferencePair]], TrainBatch]
+    heldout: TrainBatch
+    heldout_ref_B: torch.Tensor | None = None
+
+    def step(self, step: int) -> dict[str, float]:
+        start = time.perf_counter()
+        batch = self.make_batch(self.sampler.next_batch(self.pairs_per_step))
+        batch.extras["ref_logprobs"] = self.reference.sequence_logprobs(batch)
+        stats = self.policy.update(batch, dpo_loss_fn(self.beta))
+        metrics = {"step": step, "dpo/loss": stats.pop("loss"), **stats}
+        metrics["reward/mean"] = metrics["dpo/accuracy"]
+        seconds = time.perf_counter() - start
+        metrics["time/train_s"] = seconds
+        metrics["tps/train"] = int(batch.attention_mask_BT.sum()) / seconds
+        return metrics
+
+    @torch.no_grad()
+    def evaluate(self, step: int) -> dict[str, float]:
+        """Held-out preference accuracy / margin of the current policy (the reference is computed once)."""
+        if self.heldout_ref_B is None:
+            self.heldout_ref_B = self.reference.sequence_logprobs(self.heldout)
+        metrics = pair_metrics(self.policy.sequence_logprobs(self.heldout), self.heldout_ref_B, self.beta)
+        return {"step": step, **metrics, "reward/heldout": metrics["dpo/heldout_accuracy"]}
+
+
+def dpo_problems(cfg: ExperimentConfig, world_size: int) -> list[Problem]:
+    """Everything wrong with a DPO config, before any rank builds a model."""
+    from hpcrl.dist.layout import ParallelLayout
+
+    algo = cfg.algorithm
+    problems = []
+    if algo.name != "dpo":
+        problems.append(
+            Problem(f"the DPO entrypoint runs algorithm 'dpo', not {algo.name!r}", key="algorithm.name")
+        )
+    if algo.placement != "colocated":
+        problems.append(Problem("DPO runs policy and reference colocated", key="algorithm.placement"))
+    if algo.dpo_beta <= 0:
+        problems.append(Problem(f"must be > 0, got {algo.dpo_beta}", key="algorithm.dpo_beta"))
+    for key, value in (
+        ("algorithm.steps", algo.steps),
+        ("algorithm.prompts_per_step", algo.prompts_per_step),
+    ):
+        if value < 1:
+            problems.append(Problem(f"must be >= 1, got {value}", key=key))
+    if cfg.optim.micro_batch_size % 2:
+        problems.append(
+            Problem(
+                f"must be even for DPO (a micro-batch holds whole chosen/rejected pairs), "
+                f"got {cfg.optim.micro_batch_size}",
+                key="optim.micro_batch_size",
+            )
+        )
+    if algo.prompts_per_step < cfg.parallel.data:
+        problems.append(
+            Problem(
+                f"{algo.prompts_per_step} pairs per step leave some of the {cfg.parallel.data} DP ranks empty",
+                key="algorithm.prompts_per_step",
+            )
+        )
+    try:
+        layout = ParallelLayout.from_config(cfg.parallel)
+        layout.check_world(world_size)
+        layout.check_model(cfg.model)
+    except ConfigError as err:
+        problems.extend(err.problems)
+    return problems
+
+
+def build_dpo_driver(cfg: ExperimentConfig) -> DPODriver:
+    from hpcrl.data.cursor import DataCursor
+    from hpcrl.data.preference import load_preference_splits
+    from hpcrl.rl.assemble import build_tokenizer
+    from hpcrl.train.model import build_train_groups
+    from hpcrl.train.trainer import build_policy_trainer
+
+    tokenizer = build_tokenizer(cfg)
+    train, heldout = load_preference_splits(cfg.data)
+    p = cfg.parallel
+    groups = build_train_groups(p.tensor, p.pipeline, p.data, timeout_s=p.timeout_s)
+    policy = build_policy_trainer(cfg.model, cfg.optim, groups)
+    reference = build_policy_trainer(cfg.model, None, groups)  # same init (or HF weights), frozen
+    context = policy.model_cfg.max_position_embeddings
+
+    def make_batch(pairs: list[PreferencePair]) -> TrainBatch:
+        return pair_batch(pairs, tokenizer, cfg.data.max_prompt_length, context)
+
+    make_batch(train + heldout)  # fail early on any pair too long for the model
+    mbs = cfg.optim.micro_batch_size
+    return DPODriver(
+        beta=cfg.algorithm.dpo_beta,
+        pairs_per_step=cfg.algorithm.prompts_per_step,
+        policy=PairWorker(policy, mbs),
+        reference=PairWorker(reference, mbs),
+        sampler=PromptSampler(train, DataCursor(seed=cfg.data.shuffle_seed)),
+        make_batch=make_batch,
+        heldout=make_batch(heldout),
+    )
+
+
+def main(cfg: ExperimentConfig, run_dir: Path) -> dict:
+    """Run offline DPO on this rank; returns the last step's metrics (with the final held-out ones)."""
+    from hpcrl.metrics.logger import MetricsLogger
+
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    problems = dpo_problems(cfg, world)
+    if problems:
+        raise ConfigError(problems)
+    run_dir = Path(run_dir)
+    if rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        print(
+            f"hpcrl: run dir {run_dir.resolve()}  metrics -> {run_dir.resolve() / 'metrics.jsonl'}",
+            flush=True,
+        )
+    torch.manual_seed(cfg.seed)
+    start = time.perf_counter()
+    driver = build_dpo_driver(cfg)
+    logger = MetricsLogger(cfg.logging, run_dir, cfg.algorithm.steps, is_main=rank == 0)
+    every = cfg.algorithm.eval_every
+    last: dict = {}
+    try:
+        for step in range(cfg.algorithm.steps):
+            # held-out metrics of the policy before this step's update (step 0: policy == reference)
+            metrics = driver.evaluate(step) if every and step % every == 0 else {}
+            metrics |= driver.step(step)
+            metrics["time/elapsed_s"] = time.perf_counter() - start
+            logger.log(metrics)
+            last = metrics
+        if every:  # the final policy, logged as step `steps`
+            final = driver.evaluate(cfg.algorithm.steps)
+            final["time/elapsed_s"] = time.perf_counter() - start
+            logger.log(final)
+            last = {**last, **final}
+    finally:
+        plot = logger.close()
+    if rank == 0 and plot is not None:
+        print(f"hpcrl: reward curve {plot}", flush=True)
+    return last

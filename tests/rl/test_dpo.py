@@ -1,0 +1,120 @@
+"""Offline DPO: preference data, the pair batch, config rules, and the toy task learning its preference."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from hpcrl.data.preference import load_preference_splits, read_preference_jsonl, toy_pairs
+from hpcrl.data.tasks import Example
+from hpcrl.dist.spawn import run_ranks
+from hpcrl.errors import ConfigError
+from hpcrl.metrics.sinks import read_jsonl
+from hpcrl.rl.dpo import dpo_problems, pair_batch
+from tests.rl._job_ranks import tiny_config
+
+TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "dpo_tiny.yaml"
+
+
+def run_dpo(rank: int, world: int, cfg, run_dir: str) -> dict:
+    from hpcrl.rl.dpo import main
+
+    return main(cfg, Path(run_dir))
+
+
+def _tokenizer():
+    from hpcrl.data.tasks import ALPHABET
+    from hpcrl.data.tokenizer import build_char_tokenizer
+
+    return build_char_tokenizer(ALPHABET, 16)
+
+
+def test_toy_pairs_prefer_the_exact_answer_over_a_wrong_one_of_equal_length():
+    pairs = toy_pairs([Example("412=", "412"), Example("7=", "7")] * 20, seed=0)
+    assert all(p.chosen in ("412", "7") and p.rejected != p.chosen for p in pairs)
+    assert all(len(p.rejected) == len(p.chosen) and p.rejected.isdigit() for p in pairs)
+
+
+def test_pair_batch_keeps_each_pair_adjacent_and_masks_only_responses():
+    tok = _tokenizer()
+    pairs = toy_pairs([Example("12=", "12"), Example("345=", "345")], seed=1)
+    batch = pair_batch(pairs, tok, max_prompt_length=8, context=32)
+    # <bos> 1 2 = | chosen 1 2 <eos> ; rejected ?? <eos>; the second pair is one token longer
+    assert batch.input_ids_BT.shape == (4, 9)
+    assert batch.response_mask_BT.sum(dim=1).tolist() == [3, 3, 4, 4]
+    assert tok.decode(batch.input_ids_BT[0][batch.response_mask_BT[0]]) == "12<eos>"
+    assert tok.decode(batch.input_ids_BT[2][batch.attention_mask_BT[2]]) == "<bos>345=345<eos>"
+    assert not batch.response_mask_BT[:, :4].any()  # prompt tokens never count in the loss
+    with pytest.raises(ConfigError, match="model.max_position_embeddings"):
+        pair_batch(pairs, tok, max_prompt_length=8, context=8)
+
+
+def test_preference_jsonl_splits_and_names_a_missing_key(tmp_path):
+    good = tmp_path / "prefs.jsonl"
+    rows = [{"prompt": f"{i}=", "chosen": str(i), "rejected": str(i + 1)} for i in range(10)]
+    good.write_text("\n".join(json.dumps(r) for r in rows))
+    cfg = tiny_config(TEMPLATE, **{"data.source": "jsonl", "data.path": str(good), "data.heldout_size": 2})
+    train, heldout = load_preference_splits(cfg.data)
+    assert len(train) == 8 and heldout[-1].prompt == "9=" and heldout[-1].rejected == "10"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"prompt": "1=", "chosen": "1"}) + "\n")
+    with pytest.raises(ConfigError, match=r"bad.jsonl.*row 0 has no \['rejected'\]"):
+        read_preference_jsonl(bad)
+
+
+def test_dpo_config_rules_report_every_problem():
+    cfg = tiny_config(
+        TEMPLATE,
+        **{
+            "optim.micro_batch_size": 7,
+            "algorithm.placement": "split",
+            "cluster.tasks_per_node": 2,
+            "algorithm.dpo_beta": 0.0,
+        },
+    )
+    keys = {p.key for p in dpo_problems(cfg, world_size=2)}
+    assert keys == {"optim.micro_batch_size", "algorithm.placement", "algorithm.dpo_beta", "parallel"}
+    assert dpo_problems(tiny_config(TEMPLATE), world_size=1) == []
+
+
+@pytest.mark.dist
+def test_hpcrl_run_dpo_tiny_heldout_accuracy_and_margin_rise(tmp_path, capsys):
+    """`hpcrl run templates/dpo_tiny.yaml` (algorithm.name dpo, entrypoint hpcrl.rl.dpo:main), 20 steps."""
+    from hpcrl import cli
+
+    overrides = {"algorithm.steps": 20, "algorithm.eval_every": 10, "run_root": str(tmp_path)}
+    overrides |= {"logging.tensorboard": False, "logging.progress": False}
+    args = [f"--{k}={v}" for k, v in overrides.items()]
+    assert cli.main(["run", str(TEMPLATE), *args]) == 0
+    [metrics] = list(tmp_path.glob("dpo_tiny/*/metrics.jsonl"))
+    rows = read_jsonl(metrics)
+    held = [
+        (r["step"], r["dpo/heldout_accuracy"], r["dpo/heldout_margin"])
+        for r in rows
+        if "dpo/heldout_margin" in r
+    ]
+    assert [s for s, _, _ in held] == [0, 10, 20]
+    assert held[0][1:] == (0.0, 0.0)  # policy == frozen reference: every implicit reward margin is 0
+    assert held[-1][1] >= 0.8 and held[-1][2] > held[1][2] > 0, held
+    assert rows[0]["dpo/loss"] == pytest.approx(torch.log(torch.tensor(2.0)).item(), rel=1e-5)
+    assert rows[19]["dpo/loss"] < 0.65 and rows[19]["dpo/chosen_reward"] > rows[19]["dpo/rejected_reward"]
+    assert rows[-1]["reward/heldout"] == held[-1][1] and (metrics.parent / "reward.png").exists()
+    assert str(metrics) in capsys.readouterr().out  # the run prints where its metrics go
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_dpo_data_parallel_2_matches_one_rank(tmp_path):
+    """Pairs are dispatched whole over DP ranks; d=2 gives d=1's losses (fp32, summation order only)."""
+    common = {"algorithm.steps": 3, "algorithm.eval_every": 0, "algorithm.prompts_per_step": 6}
+    cfg1 = tiny_config(TEMPLATE, **common, **{"optim.micro_batch_size": 4})
+    cfg2 = tiny_config(
+        TEMPLATE, **common, **{"parallel.data": 2, "cluster.tasks_per_node": 2, "optim.micro_batch_size": 2}
+    )
+    run_ranks(run_dpo, 1, cfg1, str(tmp_path / "d1"), timeout_s=300)
+    run_ranks(run_dpo, 2, cfg2, str(tmp_path / "d2"), timeout_s=300)
+    one, two = read_jsonl(tmp_path / "d1" / "metrics.jsonl"), read_jsonl(tmp_path / "d2" / "metrics.jsonl")
+    for a, b in zip(one, two, strict=True):
+        assert b["dpo/loss"] == pytest.approx(a["dpo/loss"], rel=1e-5)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5)
