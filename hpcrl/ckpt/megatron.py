@@ -7,6 +7,8 @@ Naming (the contract the HF export relies on), with `prefix` e.g. "actor.":
                                                      one hyperslab of [gate; up], so it is two logical tensors
     {prefix}optim.{exp_avg|exp_avg_sq}.{name}        AdamW state, sharded exactly like the parameter
     {prefix}optim.step.{name}                        AdamW step count (scalar, replicated)
+    {prefix}optim.master.{name}                      fp32 master weight of a 16-bit parameter (the value
+                                                     AdamW steps; the parameter is its bf16/fp16 rounding)
 TP-split dims come from hpcrl.train.hf_convert.tp_split_dim (partition {"tp": dim}); pipeline stages hold
 different global layer names, so nothing is split by PP; DP replicas and the last stage's copy of a tied
 embedding are replicas, written once. The model config is stored in the manifest's extra["models"][prefix].
@@ -20,12 +22,19 @@ from typing import Any
 import torch
 
 from hpcrl.ckpt.manifest import Manifest
-from hpcrl.ckpt.shards import ShardedTensor, ShardSpec
+from hpcrl.ckpt.shards import ShardedTensor, ShardSpec, torch_dtype
 from hpcrl.train import hf_convert
 from hpcrl.train.model import is_tied, named_global_params
 
 _FC1 = "mlp.linear_fc1.weight"
 _ADAM_TENSORS = ("exp_avg", "exp_avg_sq")
+_MASTER = "master"
+
+
+def _stepped(trainer, param: torch.Tensor) -> torch.Tensor:
+    """The tensor the optimizer steps (and keys its state by) for `param`: its fp32 master, or itself."""
+    master = trainer.masters.master_of(param) if trainer.masters is not None else None
+    return master if master is not None else param
 
 
 def model_extra(trainer, prefix: str) -> dict[str, Any]:
@@ -66,8 +75,11 @@ def trainer_shards(trainer, prefix: str = "actor.") -> list[ShardedTensor]:
     groups = trainer.groups
     shards = []
     for name, param in _params(trainer):
-        state = trainer.optimizer.state.get(param, {}) if trainer.optimizer is not None else {}
+        stepped = _stepped(trainer, param)
+        state = trainer.optimizer.state.get(stepped, {}) if trainer.optimizer is not None else {}
         sources = [(prefix, param.detach())]
+        if stepped is not param:
+            sources.append((f"{prefix}optim.{_MASTER}.", stepped.detach()))
         sources += [(f"{prefix}optim.{key}.", state[key]) for key in _ADAM_TENSORS if key in state]
         for head, tensor in sources:
             for suffix, view, shape, offset, part in _param_pieces(
@@ -80,7 +92,8 @@ def trainer_shards(trainer, prefix: str = "actor.") -> list[ShardedTensor]:
 
 
 def trainer_specs(trainer, manifest: Manifest, prefix: str = "actor.") -> list[ShardSpec]:
-    """What this rank loads: its parameter shards, plus AdamW state when the checkpoint has it."""
+    """What this rank loads: its parameter shards, plus AdamW state and fp32 masters when the checkpoint
+    has them (in the checkpoint's dtype; `load_into_trainer` casts)."""
     return [s.spec for s in _descriptors(trainer, manifest, prefix)]
 
 
@@ -88,14 +101,21 @@ def _descriptors(trainer, manifest: Manifest, prefix: str) -> list[ShardedTensor
     groups = trainer.groups
     out = []
     for name, param in _params(trainer):
-        heads = [prefix] + [
+        optim_heads = [
             f"{prefix}optim.{key}."
-            for key in _ADAM_TENSORS
+            for key in (_MASTER, *_ADAM_TENSORS)
             if f"{prefix}optim.{key}.{_first(name)}" in manifest.tensors
         ]
-        for head in heads:
+        # the parameter in its own dtype (not needed when its master is saved: load_into_trainer takes the
+        # value from the master); optimizer tensors in the checkpoint's dtype (fp32 states of a bf16 run)
+        has_master = f"{prefix}optim.{_MASTER}.{_first(name)}" in manifest.tensors
+        like = {} if has_master else {prefix: param.detach()}
+        for head in optim_heads:
+            dtype = torch_dtype(manifest.tensors[head + _first(name)].dtype)
+            like[head] = torch.empty(param.shape, dtype=dtype, device="meta")
+        for head, tensor in like.items():
             for suffix, view, shape, offset, part in _param_pieces(
-                name, param.detach(), groups.tp_rank, groups.tensor
+                name, tensor, groups.tp_rank, groups.tensor
             ):
                 out.append(ShardedTensor(head + suffix, view, shape, offset, part))
         if f"{prefix}optim.step.{name}" in manifest.tensors:
@@ -110,15 +130,24 @@ def _first(name: str) -> str:
 
 
 def load_into_trainer(trainer, tensors: dict[str, torch.Tensor], prefix: str = "actor.") -> None:
-    """Copy loaded shards (from `trainer_specs`) into the parameters and the AdamW state."""
+    """Copy loaded shards (from `trainer_specs`) into the parameters, fp32 masters and AdamW state.
+
+    A parameter's exact value is its checkpointed master when there is one (a bf16 run), else the saved
+    parameter; the trainer's parameter gets that value in its dtype and its master (if any) in fp32, so a
+    bf16 resume continues bit for bit and an fp32 <-> bf16 resume loses nothing it need not."""
     with torch.no_grad():
         for name, param in _params(trainer):
-            param.copy_(_assemble(tensors, prefix, name, param))
+            stepped = _stepped(trainer, param)
+            saved_master = f"{prefix}optim.{_MASTER}.{_first(name)}" in tensors
+            value = _assemble(tensors, f"{prefix}optim.{_MASTER}." if saved_master else prefix, name, stepped)
+            param.copy_(value)
+            if stepped is not param:
+                stepped.copy_(value)
             if trainer.optimizer is None or f"{prefix}optim.step.{name}" not in tensors:
                 continue
-            state = trainer.optimizer.state[param]
+            state = trainer.optimizer.state[stepped]
             for key in _ADAM_TENSORS:
-                state[key] = _assemble(tensors, f"{prefix}optim.{key}.", name, param).clone()
+                state[key] = _assemble(tensors, f"{prefix}optim.{key}.", name, stepped).clone()
             state["step"] = tensors[f"{prefix}optim.step.{name}"].clone()
 
 

@@ -112,6 +112,8 @@ def _live_state_bytes(trainer, batch) -> int:
     tensors = [p for p in trainer.model.parameters()] + [p.grad for p in trainer.model.parameters()]
     for state in trainer.optimizer.state.values():
         tensors += [v for v in state.values() if torch.is_tensor(v)]
+    if trainer.masters is not None:  # fp32 master weights of 16-bit params (optimizer state keys)
+        tensors += [*trainer.masters.masters, *(m.grad for m in trainer.masters.masters)]
     tensors += [batch.input_ids_BT, batch.attention_mask_BT, batch.response_mask_BT, *batch.extras.values()]
     storages = {}
     for t in tensors:

@@ -211,8 +211,9 @@ def _trainable(role: str, params: int, dtype: str) -> list[Component]:
         Component(f"{role} grads", PERSISTENT, params * e, f"{params:,} × {e} B (param dtype)"),
         Component(f"{role} AdamW states", PERSISTENT, params * state, f"{params:,} × 2 fp32 moments"),
     ]
-    if master:
+    if master:  # hpcrl.train.optimizer.MasterWeights: an fp32 master and its fp32 grad per 16-bit param
         out.append(Component(f"{role} fp32 master", PERSISTENT, params * master, f"{params:,} × 4 B"))
+        out.append(Component(f"{role} fp32 master grads", PERSISTENT, params * 4, f"{params:,} × 4 B"))
     return out
 
 
@@ -238,8 +239,14 @@ def _train_phase(cfg: ExperimentConfig, dims: fm.Dims, e: int) -> list[Component
         ),
     ]
     if par.data > 1:
-        grads = fm.rank_params(dims, par.tensor, par.pipeline).total * e
-        out.append(Component("DP flat grad buffer", "grad-sync", grads, "one flat copy of the grads"))
+        # 16-bit models all-reduce their fp32 master grads (hpcrl.train.optimizer), fp32 models their grads
+        grad_bytes = 4 if fm.optimizer_bytes_per_param(cfg.model.dtype)[1] else e
+        grads = fm.rank_params(dims, par.tensor, par.pipeline).total * grad_bytes
+        out.append(
+            Component(
+                "DP flat grad buffer", "grad-sync", grads, f"one flat copy of the grads ({grad_bytes} B)"
+            )
+        )
     return out
 
 

@@ -9,6 +9,7 @@
 | logprobs.py         | vocab-parallel log-probs/entropy, PolicyHead / ValueHead (token alignment)      |
 | batch.py            | TrainBatch: ids, masks, extras, global normalisation counts                     |
 | pipeline.py         | one micro-batch through the pipeline stages (p2p), forward and backward         |
+| optimizer.py        | AdamW; fp32 master weights + fp32 grads/states for bf16/fp16 params (Micikevicius 2018 §3.1) |
 | trainer.py          | Trainer: forward() and update(batch, loss_fn); build_policy_trainer / build_value_trainer |
 """
 

@@ -22,7 +22,9 @@ Update step: zero grads -> micro-batches through the pipeline (hpcrl.train.pipel
 accumulation -> tied-embedding grad all-reduce across first/last stage -> DP all-reduce (one flat
 buffer) -> global grad-norm over TP x PP (each parameter counted once) -> clip -> torch AdamW step.
 The optimizer is plain torch AdamW on every device (megatron's optimizer/DDP hard-code CUDA and are not
-used; see FACTS).
+used; see FACTS). With bf16/fp16 parameters it steps fp32 master weights (hpcrl.train.optimizer): grads
+accumulate in fp32 after every micro-batch, and everything after that (all-reduces, norm, clip, step)
+runs on the fp32 grads; the stepped masters are rounded back into the parameters.
 
 Public: `Trainer`, `build_policy_trainer`, `build_value_trainer`, `grad_norm`.
 """
@@ -49,6 +51,7 @@ from hpcrl.train.model import (
     is_tied,
     named_global_params,
 )
+from hpcrl.train.optimizer import MasterWeights, build_adamw
 from hpcrl.train.pipeline import LossFn, run_micro_batch
 
 log = logging.getLogger(__name__)
@@ -70,14 +73,13 @@ class Trainer:
         self.model, self.model_cfg, self.groups, self.head = model, model_cfg, groups, head
         self.optim_cfg = optim_cfg
         self.micro_batch_size = optim_cfg.micro_batch_size if optim_cfg else 8
-        self.optimizer = None
+        self.optimizer: torch.optim.AdamW | None = None
+        self.masters: MasterWeights | None = None  # fp32 masters of 16-bit params (hpcrl.train.optimizer)
         if optim_cfg is not None:
-            self.optimizer = torch.optim.AdamW(
+            self.optimizer, self.masters = build_adamw(
                 [p for p in model.parameters() if p.requires_grad],
-                lr=lr if lr is not None else optim_cfg.lr,
-                betas=tuple(optim_cfg.betas),
-                eps=optim_cfg.eps,
-                weight_decay=optim_cfg.weight_decay,
+                optim_cfg,
+                lr if lr is not None else optim_cfg.lr,
             )
         self._dtype = _DTYPES[model_cfg.dtype]
         self._device = next(model.parameters()).device
@@ -125,10 +127,7 @@ class Trainer:
         self.model.train()
         batch = batch.to(self._device)
         self._set_global_counts(batch)
-        self.optimizer.zero_grad(set_to_none=False)
-        for p in self.model.parameters():
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
+        self._zero_grads()
         losses, metric_sums, num_mb = [], {}, 0
         for mb in batch.micro_batches(micro_batch_size or self.micro_batch_size):
             _, loss, metrics = run_micro_batch(
@@ -140,22 +139,27 @@ class Trainer:
                 dtype=self._dtype,
                 loss_fn=loss_fn,
             )
+            if self.masters is not None:
+                self.masters.accumulate_grads()
             num_mb += 1
             if loss is not None:
                 losses.append(float(loss.detach()))
                 for k, v in metrics.items():
                     metric_sums[k] = metric_sums.get(k, 0.0) + float(v.detach() if torch.is_tensor(v) else v)
-        self._allreduce_tied_embedding_grads()
-        self._allreduce_dp_grads()
-        norm = grad_norm(self.model, self.model_cfg, self.groups)
+        grads = self._step_grads()
+        self._allreduce_tied_embedding_grads(grads)
+        self._allreduce_dp_grads(grads)
+        norm = grad_norm(self.model, self.model_cfg, self.groups, grads)
         finite = math.isfinite(norm)  # the same global value on every rank: all skip or none
         if finite:
             clip = self.optim_cfg.grad_clip
             if clip > 0 and norm > clip:
                 scale = clip / (norm + 1e-6)
-                for p in self.model.parameters():
-                    p.grad.mul_(scale)
+                for grad in grads.values():
+                    grad.mul_(scale)
             self.optimizer.step()
+            if self.masters is not None:
+                self.masters.copy_to_params()
         else:
             log.warning("non-finite gradient norm (%s): optimizer step skipped, weights unchanged", norm)
         result = {"loss": sum(losses), **{k: v / num_mb for k, v in metric_sums.items()}}
@@ -163,6 +167,26 @@ class Trainer:
         result["grad_norm"] = norm
         result["update_skipped_nonfinite"] = 0.0 if finite else 1.0
         return result
+
+    def _zero_grads(self) -> None:
+        """Zero every grad the update accumulates into (the params' and, with masters, the fp32 ones)."""
+        self.optimizer.zero_grad(set_to_none=False)
+        for p in self.model.parameters():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            elif self.masters is not None:
+                p.grad.zero_()
+        if self.masters is not None:
+            self.masters.sync_from_params()
+
+    def _step_grads(self) -> dict[torch.Tensor, torch.Tensor]:
+        """param -> the grad the step uses: its fp32 master's grad when it has one, else its own."""
+        if self.masters is None:
+            return {p: p.grad for p in self.model.parameters()}
+        return {
+            p: (m.grad if (m := self.masters.master_of(p)) is not None else p.grad)
+            for p in self.model.parameters()
+        }
 
     def _set_global_counts(self, batch: TrainBatch) -> None:
         counts = torch.tensor(
@@ -172,17 +196,17 @@ class Trainer:
             dist.all_reduce(counts, group=self.groups.dp)
         batch.num_global_seqs, batch.num_global_response_tokens = int(counts[0]), int(counts[1])
 
-    def _allreduce_tied_embedding_grads(self) -> None:
+    def _allreduce_tied_embedding_grads(self, grads: dict[torch.Tensor, torch.Tensor]) -> None:
         """p > 1 with tied embeddings: the first stage's embedding and the last stage's output copy are
         one parameter; sum their grads so both apply the same update (megatron's finalize_model_grads)."""
         if self.groups.embd is None or not is_tied(self.model):
             return
-        dist.all_reduce(self.model.shared_embedding_or_output_weight().grad, group=self.groups.embd)
+        dist.all_reduce(grads[self.model.shared_embedding_or_output_weight()], group=self.groups.embd)
 
-    def _allreduce_dp_grads(self) -> None:
+    def _allreduce_dp_grads(self, grads_by_param: dict[torch.Tensor, torch.Tensor]) -> None:
         if self.groups.data == 1:
             return
-        grads = [p.grad for p in self.model.parameters()]
+        grads = list(grads_by_param.values())
         flat = _flatten_dense_tensors(grads)
         dist.all_reduce(flat, group=self.groups.dp)
         for grad, synced in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
@@ -215,20 +239,27 @@ class Trainer:
         return hf_convert.megatron_to_hf_state_dict(self.full_state_dict(), self.model_cfg)
 
 
-def grad_norm(model: torch.nn.Module, cfg: ModelConfig, groups: TrainGroups) -> float:
+def grad_norm(
+    model: torch.nn.Module,
+    cfg: ModelConfig,
+    groups: TrainGroups,
+    grads: dict[torch.Tensor, torch.Tensor] | None = None,
+) -> float:
     """L2 norm of the whole model's gradient, each parameter counted once across TP and PP.
 
     TP-split tensors contribute from every TP rank (disjoint shards); replicated ones (norms, value head)
     only from TP rank 0; the last stage's tied copy of the embedding (p > 1) not at all. Summed over
-    the TP x PP group. Call after the DP all-reduce (DP replicas then hold equal grads).
+    the TP x PP group. Call after the DP all-reduce (DP replicas then hold equal grads). `grads` maps a
+    parameter to the grad to measure (its fp32 master's); None reads `param.grad`.
     """
     total = torch.zeros((), dtype=torch.float64, device=next(model.parameters()).device)
     for name, param in named_global_params(model, cfg, groups):  # skips the tied copy
-        if param.grad is None:
+        grad = grads[param] if grads is not None else param.grad
+        if grad is None:
             continue
         if hf_convert.tp_split_dim(name) is None and groups.tp_rank != 0:
             continue
-        total += param.grad.double().pow(2).sum()
+        total += grad.double().pow(2).sum()
     if groups.tensor * groups.pipeline > 1:
         dist.all_reduce(total, group=groups.mp)
     return math.sqrt(float(total))
