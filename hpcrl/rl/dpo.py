@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from hpcrl.config.experiment import ExperimentConfig
 from hpcrl.data.cursor import PromptSampler
@@ -228,19 +227,10 @@ def build_dpo_driver(cfg: ExperimentConfig) -> DPODriver:
 def main(cfg: ExperimentConfig, run_dir: Path) -> dict:
     """Run offline DPO on this rank; returns the last step's metrics (with the final held-out ones)."""
     from hpcrl.metrics.logger import MetricsLogger
+    from hpcrl.rl.job import enter_rank
 
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    problems = dpo_problems(cfg, world)
-    if problems:
-        raise ConfigError(problems)
+    rank, _ = enter_rank(cfg, run_dir, dpo_problems)
     run_dir = Path(run_dir)
-    if rank == 0:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        print(
-            f"hpcrl: run dir {run_dir.resolve()}  metrics -> {run_dir.resolve() / 'metrics.jsonl'}",
-            flush=True,
-        )
     torch.manual_seed(cfg.seed)
     start = time.perf_counter()
     driver = build_dpo_driver(cfg)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -94,23 +95,30 @@ def config_problems(cfg: ExperimentConfig, world_size: int) -> list[Problem]:
     return problems
 
 
+def enter_rank(
+    cfg: ExperimentConfig, run_dir: Path, problems_of: Callable[[ExperimentConfig, int], list[Problem]]
+) -> tuple[int, int]:
+    """(rank, world) of an entrypoint, after its config rules pass (else ConfigError with all problems,
+    before any work); rank 0 creates the run dir and prints where the metrics go."""
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    problems = problems_of(cfg, world)
+    if problems:
+        raise ConfigError(problems)
+    if rank == 0:
+        run_dir = Path(run_dir).resolve()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        print(f"hpcrl: run dir {run_dir}  metrics -> {run_dir / 'metrics.jsonl'}", flush=True)
+    return rank, world
+
+
 def main(cfg: ExperimentConfig, run_dir: Path) -> dict:
     """Run the configured RL job on this rank; returns the last step's metrics (every rank)."""
     from hpcrl.rl.assemble import build_job
     from hpcrl.rl.checkpointing import RLCheckpointing
 
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    problems = config_problems(cfg, world)
-    if problems:
-        raise ConfigError(problems)
+    rank, world = enter_rank(cfg, run_dir, config_problems)
     run_dir = Path(run_dir)
-    if rank == 0:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        print(
-            f"hpcrl: run dir {run_dir.resolve()}  metrics -> {run_dir.resolve() / 'metrics.jsonl'}",
-            flush=True,
-        )
     torch.manual_seed(cfg.seed)
     start = time.perf_counter()
     job = build_job(cfg, run_dir, rank, world)
