@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpcrl.data.config import DataConfig
-from hpcrl.data.sources import _read_jsonl
+from hpcrl.data.sources import read_jsonl
 from hpcrl.data.tasks import Example, get_task, make_splits
 from hpcrl.errors import ConfigError, Problem
 
@@ -45,7 +45,7 @@ def read_preference_jsonl(path: Path, prompt_key: str = "prompt") -> list[Prefer
     """All rows of a preference jsonl; a missing key or an empty file is a ConfigError naming it."""
     if not path.exists():
         raise ConfigError(Problem("does not exist", file=str(path), key="data.path"))
-    rows = _read_jsonl(path)
+    rows = read_jsonl(path)
     if not rows:
         raise ConfigError(Problem("dataset is empty", file=str(path), key="data.path"))
     problems = []

@@ -15,7 +15,7 @@ from hpcrl.data.tasks import Example, get_task, make_splits
 from hpcrl.errors import ConfigError, Problem
 
 
-def _read_jsonl(path: Path) -> list[dict]:
+def read_jsonl(path: Path) -> list[dict]:
     rows = []
     with path.open() as fh:
         for line_no, line in enumerate(fh, 1):
@@ -57,7 +57,7 @@ def _read_hf_disk(path: Path) -> list[dict]:
     return ds.to_list()
 
 
-READERS = {"jsonl": _read_jsonl, "parquet": _read_parquet, "hf_disk": _read_hf_disk}
+READERS = {"jsonl": read_jsonl, "parquet": _read_parquet, "hf_disk": _read_hf_disk}
 
 
 def read_examples(cfg: DataConfig) -> list[Example]:

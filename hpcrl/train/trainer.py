@@ -92,16 +92,21 @@ class Trainer:
         batch = batch.to(self._device)
         parts: list[HeadOutputs] = []
         for mb in batch.micro_batches(micro_batch_size or self.micro_batch_size):
-            outputs, _, _ = run_micro_batch(
-                self.model,
-                mb,
-                self.groups,
-                self.head,
-                hidden_size=self.model_cfg.hidden_size,
-                dtype=self._dtype,
-            )
+            outputs, _, _ = self._run_micro_batch(mb)
             parts.append(outputs)
         return self._broadcast_from_last_stage(parts, batch.input_ids_BT.shape)
+
+    def _run_micro_batch(self, mb: TrainBatch, loss_fn: LossFn | None = None):
+        """One micro-batch through this rank's pipeline stage (forward; backward too when `loss_fn`)."""
+        return run_micro_batch(
+            self.model,
+            mb,
+            self.groups,
+            self.head,
+            hidden_size=self.model_cfg.hidden_size,
+            dtype=self._dtype,
+            loss_fn=loss_fn,
+        )
 
     def _broadcast_from_last_stage(self, parts: list[HeadOutputs | None], shape_BT) -> HeadOutputs:
         keys = self.head.keys
@@ -130,15 +135,7 @@ class Trainer:
         self._zero_grads()
         losses, metric_sums, num_mb = [], {}, 0
         for mb in batch.micro_batches(micro_batch_size or self.micro_batch_size):
-            _, loss, metrics = run_micro_batch(
-                self.model,
-                mb,
-                self.groups,
-                self.head,
-                hidden_size=self.model_cfg.hidden_size,
-                dtype=self._dtype,
-                loss_fn=loss_fn,
-            )
+            _, loss, metrics = self._run_micro_batch(mb, loss_fn)
             if self.masters is not None:
                 self.masters.accumulate_grads()
             num_mb += 1
