@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -83,6 +84,13 @@ class Trainer:
             )
         self._dtype = _DTYPES[model_cfg.dtype]
         self._device = next(model.parameters()).device
+        self._pre_step_hooks: list[Callable[[], None]] = []
+
+    def add_pre_step_hook(self, hook: Callable[[], None]) -> Callable[[], None]:
+        """Call `hook()` right before every optimizer step, i.e. before the parameters and optimizer
+        state are written in place (an async checkpoint fences its snapshot here). Returns the remover."""
+        self._pre_step_hooks.append(hook)
+        return lambda: self._pre_step_hooks.remove(hook)
 
     # ----------------------------------------------------------------------------------------------- forward
     @torch.no_grad()
@@ -154,6 +162,8 @@ class Trainer:
                 scale = clip / (norm + 1e-6)
                 for grad in grads.values():
                     grad.mul_(scale)
+            for hook in list(self._pre_step_hooks):
+                hook()
             self.optimizer.step()
             if self.masters is not None:
                 self.masters.copy_to_params()
