@@ -45,22 +45,35 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 class TensorBoardWriter:
-    """Scalars under <run_dir>/tb, one tag per metric name."""
+    """Scalars under <run_dir>/tb, one tag per metric name.
+
+    The SummaryWriter opens at the first record, with `purge_step` = that record's step: the step this
+    attempt starts at (0, or the resume step). An earlier attempt of the run may have logged steps from
+    there on before it was killed; they are redone now, so TensorBoard must drop them, as
+    `cut_metrics_back` does for metrics.jsonl. TensorBoard's reader drops events with step >= the
+    purge step from the event files it read before this one (torch writes a SessionLog.START event at
+    that step first). Opening lazily also leaves no empty event file when nothing is logged.
+    """
 
     def __init__(self, run_dir: Path):
-        from torch.utils.tensorboard import SummaryWriter
-
-        self.writer = SummaryWriter(log_dir=str(Path(run_dir) / "tb"))
+        self.log_dir = Path(run_dir) / "tb"
+        self.writer = None
 
     def write(self, record: dict[str, Any]) -> None:
         step = int(record["step"])
+        if self.writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(log_dir=str(self.log_dir), purge_step=step)
         for name, value in record.items():
             if name != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
                 self.writer.add_scalar(name, value, step)
         self.writer.flush()
 
     def close(self) -> None:
-        self.writer.close()
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
 
 
 class ProgressBar:
