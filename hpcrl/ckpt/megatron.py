@@ -31,12 +31,6 @@ _ADAM_TENSORS = ("exp_avg", "exp_avg_sq")
 _MASTER = "master"
 
 
-def _stepped(trainer, param: torch.Tensor) -> torch.Tensor:
-    """The tensor the optimizer steps (and keys its state by) for `param`: its fp32 master, or itself."""
-    master = trainer.masters.master_of(param) if trainer.masters is not None else None
-    return master if master is not None else param
-
-
 def model_extra(trainer, prefix: str) -> dict[str, Any]:
     """Manifest `extra` entry that lets `hpcrl ckpt export` rebuild the HF config."""
     return {"models": {prefix: asdict(trainer.model_cfg)}}
@@ -71,15 +65,17 @@ def _params(trainer):
 
 
 def trainer_shards(trainer, prefix: str = "actor.") -> list[ShardedTensor]:
-    """Parameters and (when it exists) AdamW state of this rank, as shards of global tensors."""
+    """Parameters and (when it exists) AdamW state of this rank, as shards of global tensors.
+
+    The optimizer state comes from `trainer.param_state` (whole per parameter whatever the update backend;
+    with megatron's distributed optimizer that gathers it over DP, so every DP rank calls this)."""
     groups = trainer.groups
     shards = []
     for name, param in _params(trainer):
-        stepped = _stepped(trainer, param)
-        state = trainer.optimizer.state.get(stepped, {}) if trainer.optimizer is not None else {}
+        state = trainer.param_state(param)
         sources = [(prefix, param.detach())]
-        if stepped is not param:
-            sources.append((f"{prefix}optim.{_MASTER}.", stepped.detach()))
+        if _MASTER in state:
+            sources.append((f"{prefix}optim.{_MASTER}.", state[_MASTER]))
         sources += [(f"{prefix}optim.{key}.", state[key]) for key in _ADAM_TENSORS if key in state]
         for head, tensor in sources:
             for suffix, view, shape, offset, part in _param_pieces(
@@ -137,21 +133,17 @@ def load_into_trainer(trainer, tensors: dict[str, torch.Tensor], prefix: str = "
     bf16 resume continues bit for bit and an fp32 <-> bf16 resume loses nothing it need not."""
     with torch.no_grad():
         for name, param in _params(trainer):
-            stepped = _stepped(trainer, param)
             saved_master = f"{prefix}optim.{_MASTER}.{_first(name)}" in tensors
-            value = _assemble(tensors, f"{prefix}optim.{_MASTER}." if saved_master else prefix, name, stepped)
-            param.copy_(value)
-            if stepped is not param:
-                stepped.copy_(value)
-            if trainer.optimizer is None or f"{prefix}optim.step.{name}" not in tensors:
-                continue
-            state = trainer.optimizer.state[stepped]
-            for key in _ADAM_TENSORS:
-                state[key] = _assemble(tensors, f"{prefix}optim.{key}.", name, stepped).clone()
-            state["step"] = tensors[f"{prefix}optim.step.{name}"].clone()
+            value = _assemble(tensors, f"{prefix}optim.{_MASTER}." if saved_master else prefix, name)
+            state = None
+            if trainer.optimizer is not None and f"{prefix}optim.step.{name}" in tensors:
+                state = {key: _assemble(tensors, f"{prefix}optim.{key}.", name) for key in _ADAM_TENSORS}
+                state["step"] = tensors[f"{prefix}optim.step.{name}"]
+            trainer.load_param_state(param, value, state)
 
 
-def _assemble(tensors: dict[str, torch.Tensor], head: str, name: str, like: torch.Tensor) -> torch.Tensor:
+def _assemble(tensors: dict[str, torch.Tensor], head: str, name: str) -> torch.Tensor:
+    """The local tensor of `name` in fp32 (a master's precision; the trainer rounds it into 16-bit params)."""
     if name.endswith(_FC1):
-        return torch.cat([tensors[f"{head}{name}.gate"], tensors[f"{head}{name}.up"]]).to(like.dtype)
-    return tensors[head + name].to(like.dtype)
+        return torch.cat([tensors[f"{head}{name}.gate"], tensors[f"{head}{name}.up"]]).float()
+    return tensors[head + name].float()

@@ -181,11 +181,11 @@ def predict(cfg: ExperimentConfig, *, host_bytes: float | None = None) -> Memory
     actor = fm.rank_params(dims, par.tensor, par.pipeline)
     split = cfg.algorithm.placement == "split"
     actor_pool, models_pool = ("actor", "models") if split else ("all", "all")
-    for c in _trainable("actor", actor.total, cfg.model.dtype):
+    for c in _trainable("actor", actor.total, cfg):
         add(replace(c, pool=actor_pool))
     if cfg.algorithm.name == "ppo":
         critic = fm.rank_params(dims, par.tensor, par.pipeline, value_head=True)
-        for c in _trainable("critic", critic.total, cfg.model.dtype):
+        for c in _trainable("critic", critic.total, cfg):
             add(replace(c, pool=models_pool))
     if cfg.algorithm.kl_coef > 0:
         ref = Component("reference params", PERSISTENT, actor.total * e, f"{actor.total:,} params × {e} B")
@@ -203,9 +203,18 @@ def predict(cfg: ExperimentConfig, *, host_bytes: float | None = None) -> Memory
     return plan
 
 
-def _trainable(role: str, params: int, dtype: str) -> list[Component]:
-    e = fm.DTYPE_BYTES[dtype]
-    state, master = fm.optimizer_bytes_per_param(dtype)
+def uses_megatron_optimizer(cfg: ExperimentConfig) -> bool:
+    """backend megatron, or auto on a GPU job (hpcrl.train.optimizer.resolve_backend picks it with CUDA)."""
+    from hpcrl.config.rules import gpus_per_node
+
+    return cfg.optim.backend == "megatron" or (cfg.optim.backend == "auto" and gpus_per_node(cfg) > 0)
+
+
+def _trainable(role: str, params: int, cfg: ExperimentConfig) -> list[Component]:
+    if uses_megatron_optimizer(cfg):
+        return _trainable_megatron(role, params, cfg.model.dtype, cfg.parallel.data)
+    e = fm.DTYPE_BYTES[cfg.model.dtype]
+    state, master = fm.optimizer_bytes_per_param(cfg.model.dtype)
     out = [
         Component(f"{role} params", PERSISTENT, params * e, f"{params:,} params × {e} B"),
         Component(f"{role} grads", PERSISTENT, params * e, f"{params:,} × {e} B (param dtype)"),
@@ -214,6 +223,31 @@ def _trainable(role: str, params: int, dtype: str) -> list[Component]:
     if master:  # hpcrl.train.optimizer.MasterWeights: an fp32 master and its fp32 grad per 16-bit param
         out.append(Component(f"{role} fp32 master", PERSISTENT, params * master, f"{params:,} × 4 B"))
         out.append(Component(f"{role} fp32 master grads", PERSISTENT, params * 4, f"{params:,} × 4 B"))
+    return out
+
+
+def _trainable_megatron(role: str, params: int, dtype: str, data: int) -> list[Component]:
+    """megatron DDP + distributed optimizer (hpcrl.train.megatron_optimizer; ZeRO-1, Rajbhandari et al.
+    2020 §5.1): params in their dtype, one fp32 main_grad buffer (grads reduce-scatter in place), and
+    the fp32 masters (16-bit params only) and both Adam moments sharded over d."""
+    e = fm.DTYPE_BYTES[dtype]
+    state, master = fm.optimizer_bytes_per_param(dtype)
+    out = [
+        Component(f"{role} params", PERSISTENT, params * e, f"{params:,} params × {e} B"),
+        Component(f"{role} main grads", PERSISTENT, params * 4, f"{params:,} × 4 B (fp32 DDP buffer)"),
+        Component(
+            f"{role} AdamW states (1/d)", PERSISTENT, params * state / data, f"{params:,} × 8 B / d={data}"
+        ),
+    ]
+    if master:
+        out.append(
+            Component(
+                f"{role} fp32 master (1/d)",
+                PERSISTENT,
+                params * master / data,
+                f"{params:,} × 4 B / d={data}",
+            )
+        )
     return out
 
 
@@ -238,7 +272,7 @@ def _train_phase(cfg: ExperimentConfig, dims: fm.Dims, e: int) -> list[Component
             f"s·b·V/t × ({e} + 20) B, V={dims.vocab}",
         ),
     ]
-    if par.data > 1:
+    if par.data > 1 and not uses_megatron_optimizer(cfg):
         # 16-bit models all-reduce their fp32 master grads (hpcrl.train.optimizer), fp32 models their grads
         grad_bytes = 4 if fm.optimizer_bytes_per_param(cfg.model.dtype)[1] else e
         grads = fm.rank_params(dims, par.tensor, par.pipeline).total * grad_bytes

@@ -63,3 +63,9 @@ class OptimizerConfig:
     """Global grad-norm clip (across TP/PP/DP); 0 disables."""
     micro_batch_size: int = 8
     """Sequences per forward/backward on one DP rank; gradients accumulate over micro-batches."""
+    backend: Literal["auto", "torch", "megatron"] = "auto"
+    """Who syncs grads and steps: "megatron" = megatron-core DDP + distributed optimizer (fp32 masters
+    and Adam moments sharded over DP; CUDA only), "torch" = hpcrl's DP all-reduce + torch AdamW with
+    unsharded fp32 masters (any device), "auto" = megatron with CUDA, else torch."""
+    overlap_grad_reduce: bool = True
+    """megatron backend: start the bucketed grad reduce-scatter during the last micro-batch's backward."""

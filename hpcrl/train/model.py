@@ -67,6 +67,8 @@ class TrainGroups:
     """First and last pipeline stage of this (tp, dp) slot when p > 1, else None."""
     cp: dist.ProcessGroup = field(repr=False)
     """This rank alone (megatron wants a context-parallel group; hpcrl uses cp = 1)."""
+    block: dist.ProcessGroup | None = field(default=None, repr=False)
+    """All t*p*d ranks of this layout (megatron's distributed optimizer reduces grad norms over it)."""
 
     @property
     def is_first_stage(self) -> bool:
@@ -140,6 +142,7 @@ def build_train_groups(
         make("mp", ranks)
     for r in range(size):
         make("cp", [r])
+    make("block", list(range(size)))
     if not rank_offset <= me < rank_offset + size:
         return None
     tp_rank, pp_rank, dp_rank = layout.train_coords(me - rank_offset)
@@ -157,6 +160,7 @@ def build_train_groups(
         mp=mine["mp"],
         embd=mine["embd"],
         cp=mine["cp"],
+        block=mine["block"],
     )
 
 
@@ -222,6 +226,10 @@ def transformer_config(cfg: ModelConfig, groups: TrainGroups):
         persist_layer_norm=False,
         gradient_accumulation_fusion=False,
         apply_rope_fusion=False,
+        # hpcrl's losses are already normalised by global token/sequence counts (hpcrl.train.trainer's
+        # loss contract), so megatron DDP must SUM grads over DP, not average them: this flag sets its
+        # gradient scaling factor to 1 (it otherwise only affects MoE/MTP losses, not used here).
+        calculate_per_token_loss=True,
     )
 
 

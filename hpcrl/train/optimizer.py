@@ -12,16 +12,33 @@ verl's FSDP/Megatron workers) keeps an fp32 master copy of every trainable param
     param_bf16  = round(master_fp32)     after every step
 
 fp32 models get no copies: AdamW runs on the parameters themselves, as before. fp16 parameters get the
-same masters but no loss scaling (fp16 gradients can underflow; bf16 is what the GPU recipes use).
+same masters and a dynamic loss scale (`DynamicLossScale`): fp16 gradients underflow without it.
 
-Public: `MasterWeights`, `build_adamw`.
+`TorchUpdate` is the trainer's update step on this path (any device): hpcrl's own DP all-reduce of one
+flat buffer, unsharded masters and AdamW state on every DP rank. The GPU path with megatron's DDP and
+distributed optimizer is hpcrl.train.megatron_optimizer.MegatronUpdate; `resolve_backend` chooses.
+
+Public: `MasterWeights`, `build_adamw`, `DynamicLossScale`, `TorchUpdate`, `grad_norm`, `resolve_backend`,
+`build_update`.
 """
 
 from __future__ import annotations
 
-import torch
+import contextlib
+import logging
+import math
+from collections.abc import Callable
 
-from hpcrl.train.config import OptimizerConfig
+import torch
+import torch.distributed as dist
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from hpcrl.errors import ConfigError, Problem
+from hpcrl.train import hf_convert
+from hpcrl.train.config import ModelConfig, OptimizerConfig
+from hpcrl.train.model import TrainGroups, is_tied, named_global_params
+
+log = logging.getLogger(__name__)
 
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
 
@@ -81,3 +98,189 @@ def build_adamw(
         weight_decay=cfg.weight_decay,
     )
     return optimizer, masters
+
+
+class DynamicLossScale:
+    """fp16 loss scaling (Micikevicius et al. 2018, "Mixed Precision Training", §3.2): multiply the loss
+    by S before backward so small gradients survive in fp16, divide the fp32 grads by S before the step;
+    on inf/NaN skip the step and halve S; after `growth_interval` clean steps double S."""
+
+    def __init__(self, initial: float = 2.0**16, growth_interval: int = 1000, minimum: float = 1.0):
+        self.scale, self.growth_interval, self.minimum = initial, growth_interval, minimum
+        self._clean_steps = 0
+
+    def update(self, finite: bool) -> None:
+        if not finite:
+            self.scale, self._clean_steps = max(self.scale / 2, self.minimum), 0
+            return
+        self._clean_steps += 1
+        if self._clean_steps == self.growth_interval:
+            self.scale, self._clean_steps = self.scale * 2, 0
+
+
+def grad_norm(
+    model: torch.nn.Module,
+    cfg: ModelConfig,
+    groups: TrainGroups,
+    grads: dict[torch.Tensor, torch.Tensor] | None = None,
+) -> float:
+    """L2 norm of the whole model's gradient, each parameter counted once across TP and PP.
+
+    TP-split tensors contribute from every TP rank (disjoint shards); replicated ones (norms, value head)
+    only from TP rank 0; the last stage's tied copy of the embedding (p > 1) not at all. Summed over
+    the TP x PP group. Call after the DP all-reduce (DP replicas then hold equal grads). `grads` maps a
+    parameter to the grad to measure (its fp32 master's); None reads `param.grad`.
+    """
+    total = torch.zeros((), dtype=torch.float64, device=next(model.parameters()).device)
+    for name, param in named_global_params(model, cfg, groups):  # skips the tied copy
+        grad = grads[param] if grads is not None else param.grad
+        if grad is None:
+            continue
+        if hf_convert.tp_split_dim(name) is None and groups.tp_rank != 0:
+            continue
+        total += grad.double().pow(2).sum()
+    if groups.tensor * groups.pipeline > 1:
+        dist.all_reduce(total, group=groups.mp)
+    return math.sqrt(float(total))
+
+
+class TorchUpdate:
+    """The update step with torch AdamW: zero grads -> (micro-batches; 16-bit grads moved into fp32
+    masters after each) -> tied-embedding grad all-reduce across first/last stage -> DP all-reduce of
+    one flat buffer -> unscale (fp16) -> global grad norm -> clip -> AdamW step -> masters rounded
+    back into the parameters."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        model_cfg: ModelConfig,
+        groups: TrainGroups,
+        optim_cfg: OptimizerConfig,
+        lr: float,
+    ):
+        self.model, self.model_cfg, self.groups, self.cfg = model, model_cfg, groups, optim_cfg
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer, self.masters = build_adamw(trainable, optim_cfg, lr)
+        self.scaler = DynamicLossScale() if model_cfg.dtype == "float16" else None
+
+    def zero_grads(self) -> None:
+        """Zero every grad the update accumulates into (the params' and, with masters, the fp32 ones)."""
+        self.optimizer.zero_grad(set_to_none=False)
+        for p in self.model.parameters():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            elif self.masters is not None:
+                p.grad.zero_()
+        if self.masters is not None:
+            self.masters.sync_from_params()
+
+    def accumulating(self, last: bool) -> contextlib.AbstractContextManager:  # noqa: ARG002
+        return contextlib.nullcontext()
+
+    def after_micro_batch(self) -> None:
+        if self.masters is not None:
+            self.masters.accumulate_grads()
+
+    def loss_scale(self) -> float:
+        return self.scaler.scale if self.scaler is not None else 1.0
+
+    def step(self, before_step: Callable[[], None]) -> tuple[float, bool]:
+        """Sync, norm, clip and step; returns (pre-clip grad norm, stepped). `before_step` runs right
+        before the first in-place write of parameters or optimizer state."""
+        grads = self._step_grads()
+        self._allreduce_tied_embedding_grads(grads)
+        self._allreduce_dp_grads(grads)
+        if self.scaler is not None:
+            for grad in grads.values():
+                grad.div_(self.scaler.scale)
+        norm = grad_norm(self.model, self.model_cfg, self.groups, grads)
+        finite = math.isfinite(norm)  # the same global value on every rank: all skip or none
+        if self.scaler is not None:
+            self.scaler.update(finite)
+        if not finite:
+            return norm, False
+        clip = self.cfg.grad_clip
+        if clip > 0 and norm > clip:
+            for grad in grads.values():
+                grad.mul_(clip / (norm + 1e-6))
+        before_step()
+        self.optimizer.step()
+        if self.masters is not None:
+            self.masters.copy_to_params()
+        return norm, True
+
+    def _step_grads(self) -> dict[torch.Tensor, torch.Tensor]:
+        """param -> the grad the step uses: its fp32 master's grad when it has one, else its own."""
+        if self.masters is None:
+            return {p: p.grad for p in self.model.parameters()}
+        return {
+            p: (m.grad if (m := self.masters.master_of(p)) is not None else p.grad)
+            for p in self.model.parameters()
+        }
+
+    def _allreduce_tied_embedding_grads(self, grads: dict[torch.Tensor, torch.Tensor]) -> None:
+        """p > 1 with tied embeddings: the first stage's embedding and the last stage's output copy are
+        one parameter; sum their grads so both apply the same update (megatron's finalize_model_grads)."""
+        if self.groups.embd is None or not is_tied(self.model):
+            return
+        dist.all_reduce(grads[self.model.shared_embedding_or_output_weight()], group=self.groups.embd)
+
+    def _allreduce_dp_grads(self, grads_by_param: dict[torch.Tensor, torch.Tensor]) -> None:
+        if self.groups.data == 1:
+            return
+        grads = list(grads_by_param.values())
+        flat = _flatten_dense_tensors(grads)
+        dist.all_reduce(flat, group=self.groups.dp)
+        for grad, synced in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
+            grad.copy_(synced)
+
+    # ------------------------------------------------------------------------------- checkpoint state
+    def stepped(self, param: torch.Tensor) -> torch.Tensor:
+        """The tensor AdamW steps (and keys its state by) for `param`: its fp32 master, or itself."""
+        master = self.masters.master_of(param) if self.masters is not None else None
+        return master if master is not None else param
+
+    @torch.no_grad()
+    def param_state(self, param: torch.nn.Parameter) -> dict[str, torch.Tensor]:
+        """Live views: "master" (16-bit params only), the AdamW moments and "step" once it has stepped."""
+        stepped = self.stepped(param)
+        state = self.optimizer.state.get(stepped, {})
+        out = {"master": stepped.detach()} if stepped is not param else {}
+        out.update({k: state[k] for k in ("exp_avg", "exp_avg_sq", "step") if k in state})
+        return out
+
+    @torch.no_grad()
+    def load_param_state(self, param: torch.nn.Parameter, value: torch.Tensor, state: dict | None) -> None:
+        stepped = self.stepped(param)
+        param.copy_(value)
+        if stepped is not param:
+            stepped.copy_(value)
+        if state is not None:
+            held = self.optimizer.state[stepped]
+            for key in ("exp_avg", "exp_avg_sq"):
+                held[key] = state[key].to(stepped.dtype).clone()
+            held["step"] = state["step"].clone()
+
+
+def resolve_backend(cfg: OptimizerConfig, key: str = "optimizer.backend") -> str:
+    """ "torch" or "megatron" for this process (auto: megatron when CUDA is available)."""
+    if cfg.backend == "auto":
+        return "megatron" if torch.cuda.is_available() else "torch"
+    if cfg.backend == "megatron" and not torch.cuda.is_available():
+        raise ConfigError(
+            Problem(
+                "megatron's distributed optimizer needs CUDA (it allocates on 'cuda'); "
+                "use backend: torch or auto on CPU",
+                key=key,
+            )
+        )
+    return cfg.backend
+
+
+def build_update(model, model_cfg: ModelConfig, groups: TrainGroups, optim_cfg: OptimizerConfig, lr: float):
+    """The update step of `optim_cfg.backend` (see `resolve_backend`)."""
+    if resolve_backend(optim_cfg) == "megatron":
+        from hpcrl.train.megatron_optimizer import MegatronUpdate
+
+        return MegatronUpdate(model, model_cfg, groups, optim_cfg, lr)
+    return TorchUpdate(model, model_cfg, groups, optim_cfg, lr)

@@ -36,10 +36,12 @@ def run_micro_batch(
     hidden_size: int,
     dtype: torch.dtype,
     loss_fn: LossFn | None = None,
+    loss_scale: float = 1.0,
 ) -> tuple[HeadOutputs | None, torch.Tensor | None, dict]:
     """Forward `mb` through the stages; with `loss_fn` also backward (grads accumulate in .grad).
 
-    Returns (head outputs, loss, metrics) on the last stage, (None, None, {}) elsewhere.
+    Returns (head outputs, loss, metrics) on the last stage, (None, None, {}) elsewhere. Backward runs
+    on `loss * loss_scale` (fp16 loss scaling); the returned loss is unscaled.
     """
     B, T = mb.input_ids_BT.shape
     prev = groups.rank_of(groups.tp_rank, groups.pp_rank - 1, groups.dp_rank)
@@ -60,7 +62,7 @@ def run_micro_batch(
             loss, metrics = loss_fn(outputs, mb)
     if backward:
         if groups.is_last_stage:
-            loss.backward()
+            (loss * loss_scale if loss_scale != 1.0 else loss).backward()
         else:
             grad_out = torch.empty_like(out)
             dist.recv(grad_out, nxt)

@@ -18,13 +18,12 @@ micro-batches and DP ranks; the returned "loss" is the global loss and "grad_nor
 A non-finite grad norm (NaN/inf loss or reward upstream) skips the optimizer step on every rank, logs a
 warning and returns "update_skipped_nonfinite" = 1.0 (else 0.0): never a silent wrong update.
 
-Update step: zero grads -> micro-batches through the pipeline (hpcrl.train.pipeline) with gradient
-accumulation -> tied-embedding grad all-reduce across first/last stage -> DP all-reduce (one flat
-buffer) -> global grad-norm over TP x PP (each parameter counted once) -> clip -> torch AdamW step.
-The optimizer is plain torch AdamW on every device (megatron's optimizer/DDP hard-code CUDA and are not
-used; see FACTS). With bf16/fp16 parameters it steps fp32 master weights (hpcrl.train.optimizer): grads
-accumulate in fp32 after every micro-batch, and everything after that (all-reduces, norm, clip, step)
-runs on the fp32 grads; the stepped masters are rounded back into the parameters.
+Update step (`self.update_step`, chosen by `optimizer.backend`, hpcrl.train.optimizer.build_update):
+zero grads -> micro-batches through the pipeline (hpcrl.train.pipeline) with gradient accumulation ->
+grad sync -> global grad norm -> clip -> step. `TorchUpdate` (any device; the CPU path): hpcrl's flat DP
+all-reduce, torch AdamW, unsharded fp32 masters of 16-bit params, fp16 loss scaling.
+`MegatronUpdate` (CUDA): megatron-core DDP + distributed optimizer (masters and moments sharded over DP).
+Hooks added with `add_pre_step_hook` run right before the step writes parameters and optimizer state.
 
 Public: `Trainer`, `build_policy_trainer`, `build_value_trainer`, `grad_norm`.
 """
@@ -32,12 +31,10 @@ Public: `Trainer`, `build_policy_trainer`, `build_value_trainer`, `grad_norm`.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from hpcrl.train import hf_convert
 from hpcrl.train.batch import TrainBatch
@@ -49,10 +46,11 @@ from hpcrl.train.model import (
     build_gpt_model,
     build_model_from_hf,
     gather_full_state_dict,
-    is_tied,
-    named_global_params,
 )
-from hpcrl.train.optimizer import MasterWeights, build_adamw
+from hpcrl.train.optimizer import (
+    build_update,
+    grad_norm,  # noqa: F401  (public here since before the move)
+)
 from hpcrl.train.pipeline import LossFn, run_micro_batch
 
 log = logging.getLogger(__name__)
@@ -74,17 +72,23 @@ class Trainer:
         self.model, self.model_cfg, self.groups, self.head = model, model_cfg, groups, head
         self.optim_cfg = optim_cfg
         self.micro_batch_size = optim_cfg.micro_batch_size if optim_cfg else 8
-        self.optimizer: torch.optim.AdamW | None = None
-        self.masters: MasterWeights | None = None  # fp32 masters of 16-bit params (hpcrl.train.optimizer)
+        self.update_step = None  # TorchUpdate | MegatronUpdate; None for a reference model
         if optim_cfg is not None:
-            self.optimizer, self.masters = build_adamw(
-                [p for p in model.parameters() if p.requires_grad],
-                optim_cfg,
-                lr if lr is not None else optim_cfg.lr,
-            )
+            lr = lr if lr is not None else optim_cfg.lr
+            self.update_step = build_update(model, model_cfg, groups, optim_cfg, lr)
         self._dtype = _DTYPES[model_cfg.dtype]
         self._device = next(model.parameters()).device
         self._pre_step_hooks: list[Callable[[], None]] = []
+
+    @property
+    def optimizer(self):
+        """The optimizer of the update step (torch AdamW or megatron's), None for a reference model."""
+        return self.update_step.optimizer if self.update_step is not None else None
+
+    @property
+    def masters(self):
+        """fp32 masters of 16-bit params on the torch path (hpcrl.train.optimizer.MasterWeights)."""
+        return getattr(self.update_step, "masters", None)
 
     def add_pre_step_hook(self, hook: Callable[[], None]) -> Callable[[], None]:
         """Call `hook()` right before every optimizer step, i.e. before the parameters and optimizer
@@ -104,7 +108,7 @@ class Trainer:
             parts.append(outputs)
         return self._broadcast_from_last_stage(parts, batch.input_ids_BT.shape)
 
-    def _run_micro_batch(self, mb: TrainBatch, loss_fn: LossFn | None = None):
+    def _run_micro_batch(self, mb: TrainBatch, loss_fn: LossFn | None = None, loss_scale: float = 1.0):
         """One micro-batch through this rank's pipeline stage (forward; backward too when `loss_fn`)."""
         return run_micro_batch(
             self.model,
@@ -114,6 +118,7 @@ class Trainer:
             hidden_size=self.model_cfg.hidden_size,
             dtype=self._dtype,
             loss_fn=loss_fn,
+            loss_scale=loss_scale,
         )
 
     def _broadcast_from_last_stage(self, parts: list[HeadOutputs | None], shape_BT) -> HeadOutputs:
@@ -140,60 +145,42 @@ class Trainer:
         self.model.train()
         batch = batch.to(self._device)
         self._set_global_counts(batch)
-        self._zero_grads()
-        losses, metric_sums, num_mb = [], {}, 0
-        for mb in batch.micro_batches(micro_batch_size or self.micro_batch_size):
-            _, loss, metrics = self._run_micro_batch(mb, loss_fn)
-            if self.masters is not None:
-                self.masters.accumulate_grads()
-            num_mb += 1
+        step = self.update_step
+        step.zero_grads()
+        micro_batches = list(batch.micro_batches(micro_batch_size or self.micro_batch_size))
+        losses, metric_sums = [], {}
+        for index, mb in enumerate(micro_batches):
+            with step.accumulating(last=index == len(micro_batches) - 1):
+                _, loss, metrics = self._run_micro_batch(mb, loss_fn, loss_scale=step.loss_scale())
+            step.after_micro_batch()
             if loss is not None:
                 losses.append(float(loss.detach()))
                 for k, v in metrics.items():
                     metric_sums[k] = metric_sums.get(k, 0.0) + float(v.detach() if torch.is_tensor(v) else v)
-        grads = self._step_grads()
-        self._allreduce_tied_embedding_grads(grads)
-        self._allreduce_dp_grads(grads)
-        norm = grad_norm(self.model, self.model_cfg, self.groups, grads)
-        finite = math.isfinite(norm)  # the same global value on every rank: all skip or none
-        if finite:
-            clip = self.optim_cfg.grad_clip
-            if clip > 0 and norm > clip:
-                scale = clip / (norm + 1e-6)
-                for grad in grads.values():
-                    grad.mul_(scale)
-            for hook in list(self._pre_step_hooks):
-                hook()
-            self.optimizer.step()
-            if self.masters is not None:
-                self.masters.copy_to_params()
-        else:
+        norm, stepped = step.step(self._run_pre_step_hooks)
+        if not stepped:
             log.warning("non-finite gradient norm (%s): optimizer step skipped, weights unchanged", norm)
-        result = {"loss": sum(losses), **{k: v / num_mb for k, v in metric_sums.items()}}
+        result = {"loss": sum(losses), **{k: v / len(micro_batches) for k, v in metric_sums.items()}}
         result = self._reduce_metrics(result)
         result["grad_norm"] = norm
-        result["update_skipped_nonfinite"] = 0.0 if finite else 1.0
+        result["update_skipped_nonfinite"] = 0.0 if stepped else 1.0
         return result
 
-    def _zero_grads(self) -> None:
-        """Zero every grad the update accumulates into (the params' and, with masters, the fp32 ones)."""
-        self.optimizer.zero_grad(set_to_none=False)
-        for p in self.model.parameters():
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            elif self.masters is not None:
-                p.grad.zero_()
-        if self.masters is not None:
-            self.masters.sync_from_params()
+    def _run_pre_step_hooks(self) -> None:
+        for hook in list(self._pre_step_hooks):
+            hook()
 
-    def _step_grads(self) -> dict[torch.Tensor, torch.Tensor]:
-        """param -> the grad the step uses: its fp32 master's grad when it has one, else its own."""
-        if self.masters is None:
-            return {p: p.grad for p in self.model.parameters()}
-        return {
-            p: (m.grad if (m := self.masters.master_of(p)) is not None else p.grad)
-            for p in self.model.parameters()
-        }
+    def param_state(self, param: torch.nn.Parameter) -> dict[str, torch.Tensor]:
+        """Checkpoint state of `param` beyond its value: "master", "exp_avg", "exp_avg_sq", "step" (those
+        that exist; {} for a reference model). Collective over DP with megatron's distributed optimizer."""
+        return self.update_step.param_state(param) if self.update_step is not None else {}
+
+    def load_param_state(self, param: torch.nn.Parameter, value: torch.Tensor, state: dict | None) -> None:
+        """Set `param` to `value` (and its master), and its optimizer state when `state` is given."""
+        if self.update_step is None:
+            param.copy_(value)
+        else:
+            self.update_step.load_param_state(param, value, state)
 
     def _set_global_counts(self, batch: TrainBatch) -> None:
         counts = torch.tensor(
@@ -202,22 +189,6 @@ class Trainer:
         if self.groups.data > 1:
             dist.all_reduce(counts, group=self.groups.dp)
         batch.num_global_seqs, batch.num_global_response_tokens = int(counts[0]), int(counts[1])
-
-    def _allreduce_tied_embedding_grads(self, grads: dict[torch.Tensor, torch.Tensor]) -> None:
-        """p > 1 with tied embeddings: the first stage's embedding and the last stage's output copy are
-        one parameter; sum their grads so both apply the same update (megatron's finalize_model_grads)."""
-        if self.groups.embd is None or not is_tied(self.model):
-            return
-        dist.all_reduce(grads[self.model.shared_embedding_or_output_weight()], group=self.groups.embd)
-
-    def _allreduce_dp_grads(self, grads_by_param: dict[torch.Tensor, torch.Tensor]) -> None:
-        if self.groups.data == 1:
-            return
-        grads = list(grads_by_param.values())
-        flat = _flatten_dense_tensors(grads)
-        dist.all_reduce(flat, group=self.groups.dp)
-        for grad, synced in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
-            grad.copy_(synced)
 
     def _reduce_metrics(self, local: dict[str, float]) -> dict[str, float]:
         """Global loss (sum over DP), metric means over DP; the same dict on every rank of the layout."""
@@ -244,32 +215,6 @@ class Trainer:
     def hf_state_dict(self) -> dict[str, torch.Tensor]:
         """Full HF state dict of a policy model (see full_state_dict)."""
         return hf_convert.megatron_to_hf_state_dict(self.full_state_dict(), self.model_cfg)
-
-
-def grad_norm(
-    model: torch.nn.Module,
-    cfg: ModelConfig,
-    groups: TrainGroups,
-    grads: dict[torch.Tensor, torch.Tensor] | None = None,
-) -> float:
-    """L2 norm of the whole model's gradient, each parameter counted once across TP and PP.
-
-    TP-split tensors contribute from every TP rank (disjoint shards); replicated ones (norms, value head)
-    only from TP rank 0; the last stage's tied copy of the embedding (p > 1) not at all. Summed over
-    the TP x PP group. Call after the DP all-reduce (DP replicas then hold equal grads). `grads` maps a
-    parameter to the grad to measure (its fp32 master's); None reads `param.grad`.
-    """
-    total = torch.zeros((), dtype=torch.float64, device=next(model.parameters()).device)
-    for name, param in named_global_params(model, cfg, groups):  # skips the tied copy
-        grad = grads[param] if grads is not None else param.grad
-        if grad is None:
-            continue
-        if hf_convert.tp_split_dim(name) is None and groups.tp_rank != 0:
-            continue
-        total += grad.double().pow(2).sum()
-    if groups.tensor * groups.pipeline > 1:
-        dist.all_reduce(total, group=groups.mp)
-    return math.sqrt(float(total))
 
 
 def _kept_fields(cfg: ModelConfig) -> dict:

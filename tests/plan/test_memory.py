@@ -65,13 +65,28 @@ def test_micro_batch_and_tp_change_activations():
 def test_gpu_template_uses_a100_capacity_and_bf16_master():
     plan = predict(config(A100), host_bytes=24 * GIB)
     assert plan.device.kind == "gpu" and plan.device.bytes == 80 * GIB
-    assert "actor fp32 master" in names(plan)
+    assert "actor fp32 master (1/d)" in names(plan)  # GPU: megatron's distributed optimizer
     # the a100-ib profile: 900 GB per node over 8 ranks
     assert plan.host.bytes == pytest.approx(900e9 / 8)
     assert plan.fits
     # GPU + engine auto = vLLM: the KV cache is vLLM's pre-allocated budget, not the all-at-once demand
     by_name = {c.name: c.bytes for c in plan.components}
     assert by_name["KV cache"] == pytest.approx(0.5 * 80 * GIB - by_name["rollout engine weights"])
+
+
+def test_gpu_distributed_optimizer_shards_masters_and_moments_over_data_parallel():
+    """optim.backend auto on a GPU job = megatron DDP + distributed optimizer: masters and AdamW moments
+    per rank are 1/d of the torch backend's; grads are one fp32 buffer, no extra DP flat copy."""
+    sharded = predict(config(A100), host_bytes=24 * GIB)
+    data = config(A100).parallel.data
+    assert data == 4
+    full = predict(config(A100, **{"optim.backend": "torch"}), host_bytes=24 * GIB)
+    s = {c.name: c.bytes for c in sharded.components}
+    f = {c.name: c.bytes for c in full.components}
+    assert s["actor fp32 master (1/d)"] * data == pytest.approx(f["actor fp32 master"])
+    assert s["actor AdamW states (1/d)"] * data == pytest.approx(f["actor AdamW states"])
+    assert "DP flat grad buffer" in f and "DP flat grad buffer" not in s
+    assert sharded.device_peak < full.device_peak
 
 
 def test_model_too_big_for_a100_is_named():

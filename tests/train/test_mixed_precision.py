@@ -74,8 +74,8 @@ def _small_lr_runs(groups) -> dict:
     for kind in ("masters", "naive"):
         trainer, cfg = _trainer(groups, SMALL_LR)
         if kind == "naive":
-            trainer.masters = None
-            trainer.optimizer = torch.optim.AdamW(list(trainer.model.parameters()), lr=SMALL_LR)
+            trainer.update_step.masters = None
+            trainer.update_step.optimizer = torch.optim.AdamW(list(trainer.model.parameters()), lr=SMALL_LR)
         batch = tiny_batch(cfg)
         start = _params(trainer)
         checks = []
@@ -221,3 +221,30 @@ def test_a_bf16_checkpoint_round_trip_is_bitwise_and_the_resume_is_exact(run):
     for what in ("masters", "params"):
         uninterrupted, resumed = run["next_step"][what]
         assert all(torch.equal(uninterrupted[k], resumed[k]) for k in uninterrupted), what
+
+
+def test_fp16_loss_scaling_keeps_gradients_that_underflow_without_it():
+    """Micikevicius et al. 2018 §3.2: the same tiny loss gives an all-zero fp16 gradient unscaled and a
+    non-zero fp32 master gradient with hpcrl's dynamic loss scale (2^16 at the start)."""
+    from tests.train import _ddp_rank_fns as ddp_fns
+
+    [scaled] = run_ranks(ddp_fns.fp16_tiny_loss_update, 1, True)
+    [unscaled] = run_ranks(ddp_fns.fp16_tiny_loss_update, 1, False)
+    assert unscaled["grad_norm"] == 0.0 and unscaled["scale"] == 1.0
+    assert scaled["grad_norm"] > 0.0 and scaled["skipped"] == 0.0 and scaled["scale"] == 2.0**16
+
+
+def test_dynamic_loss_scale_halves_on_overflow_and_doubles_after_clean_steps():
+    from hpcrl.train.optimizer import DynamicLossScale
+
+    scale = DynamicLossScale(initial=1024.0, growth_interval=3)
+    scale.update(finite=False)
+    assert scale.scale == 512.0
+    for _ in range(3):
+        scale.update(finite=True)
+    assert scale.scale == 1024.0
+    scale.update(finite=True)
+    scale.update(finite=False)  # an overflow resets the count of clean steps
+    for _ in range(2):
+        scale.update(finite=True)
+    assert scale.scale == 512.0

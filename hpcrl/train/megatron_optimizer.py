@@ -1,0 +1,254 @@
+"""The update through megatron-core's DDP and distributed optimizer: the GPU training path.
+
+    update = MegatronUpdate(model, model_cfg, groups, optim_cfg, lr)   # wraps `model` in megatron DDP
+
+What megatron gives here (what a Megatron user expects from `--use-distributed-optimizer`):
+- DDP (`megatron.core.distributed.DistributedDataParallel`): one contiguous fp32 grad buffer per dtype
+  (`param.main_grad`, `grad_reduce_in_fp32`), grads accumulated there by backward hooks over all
+  micro-batches; with `overlap_grad_reduce` the bucketed reduce-scatters start during the last
+  micro-batch's backward (`no_sync()` around the others).
+- DistributedOptimizer (ZeRO-1; Rajbhandari et al. 2020 "ZeRO", §5.1 P_os; megatron-core
+  `optimizer/distrib_optimizer.py`): the fp32 master weights and both Adam moments are sharded over
+  DP, each rank steps only its 1/d slice of the flat buffer, then the updated 16-bit params are
+  all-gathered. Per parameter, optimizer memory drops from 12 bytes (fp32 master + m + v) to 12/d.
+- fp16: megatron's dynamic grad scaler (loss x scale before backward, unscale + inf check, skip and
+  back off on overflow; Micikevicius et al. 2018 §3.2).
+
+Why GPU only: megatron-core's optimizer allocates with the string literal `device='cuda'` and checks
+`param.type() == 'torch.cuda.FloatTensor'` (optimizer.py, distrib_optimizer.py, clip_grads.py; see
+../shared/FACTS.md), which no CPU mapping reaches. Its DDP runs on CPU (gloo) with hpcrl's compat shim,
+and tests/train/test_megatron_ddp.py checks the grad sync there; the optimizer half runs on CUDA
+(tests/train/test_gpu.py). `resolve_backend` picks this path on CUDA ("auto") and refuses it without.
+
+Same contract as hpcrl.train.optimizer.TorchUpdate: grads are SUMMED over micro-batches and DP (the
+trainer's loss is normalised with global counts; `calculate_per_token_loss=True` in the
+TransformerConfig makes megatron DDP's scaling factor 1), the grad norm counts each parameter once, a
+non-finite norm skips the step on every rank. Weight decay follows megatron (no decay on norms and
+biases), unlike the torch path which decays every parameter.
+
+Public: `MegatronUpdate`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator
+
+import torch
+import torch.distributed as dist
+
+from hpcrl.train.config import ModelConfig, OptimizerConfig
+from hpcrl.train.model import TrainGroups, is_tied
+from hpcrl.train.optimizer import DynamicLossScale
+
+_ADAM_KEYS = ("exp_avg", "exp_avg_sq")
+
+
+def megatron_process_groups(groups: TrainGroups):
+    """The ProcessGroupCollection megatron's DDP and optimizer read: hpcrl's groups, with the expert
+    groups of a dense model set to this rank alone and the optimizer's norm group = the whole block."""
+    pgc = groups.pg_collection()
+    pgc.ep = pgc.expt_dp = groups.cp  # dense model: no expert parallelism (size-1 groups)
+    pgc.tp_ep_pp = groups.mp
+    pgc.intra_dist_opt = groups.block
+    return pgc
+
+
+def ddp_config(optim_cfg: OptimizerConfig, *, distributed_optimizer: bool = True):
+    from megatron.core.distributed import DistributedDataParallelConfig
+
+    return DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True,
+        overlap_grad_reduce=optim_cfg.overlap_grad_reduce,
+        use_distributed_optimizer=distributed_optimizer,
+        check_for_nan_in_grad=False,  # hpcrl skips a non-finite step itself (and says so in the metrics)
+    )
+
+
+def wrap_ddp(model: torch.nn.Module, groups: TrainGroups, optim_cfg: OptimizerConfig, **kwargs):
+    """megatron DDP around `model` (parameters keep their identity; grads go to `param.main_grad`)."""
+    from megatron.core.distributed import DistributedDataParallel
+
+    return DistributedDataParallel(
+        model.config, ddp_config(optim_cfg, **kwargs), model, pg_collection=megatron_process_groups(groups)
+    )
+
+
+class MegatronUpdate:
+    """megatron DDP + DistributedOptimizer behind the trainer's update-step interface."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        model_cfg: ModelConfig,
+        groups: TrainGroups,
+        optim_cfg: OptimizerConfig,
+        lr: float,
+    ):
+        from megatron.core.optimizer import OptimizerConfig as MegatronOptimizerConfig
+        from megatron.core.optimizer import get_megatron_optimizer
+
+        self.model, self.groups, self.cfg = model, groups, optim_cfg
+        self.ddp = wrap_ddp(model, groups, optim_cfg)
+        dtype = model_cfg.dtype
+        self.optimizer = get_megatron_optimizer(
+            MegatronOptimizerConfig(
+                optimizer="adam",  # decoupled weight decay (AdamW) in TE/apex FusedAdam and torch's fallback
+                lr=lr,
+                min_lr=lr,
+                weight_decay=optim_cfg.weight_decay,
+                adam_beta1=optim_cfg.betas[0],
+                adam_beta2=optim_cfg.betas[1],
+                adam_eps=optim_cfg.eps,
+                clip_grad=optim_cfg.grad_clip,
+                bf16=dtype == "bfloat16",
+                fp16=dtype == "float16",
+                params_dtype=next(model.parameters()).dtype,
+                # fp16: the torch path's dynamic scale (halve on every overflow, double after 1000 clean steps)
+                initial_loss_scale=DynamicLossScale().scale,
+                loss_scale_window=DynamicLossScale().growth_interval,
+                min_loss_scale=DynamicLossScale().minimum,
+                hysteresis=1,
+                use_distributed_optimizer=True,
+            ),
+            [self.ddp],
+            pg_collection=megatron_process_groups(groups),
+            use_gloo_process_groups=False,
+        )
+        for group in self.optimizer.param_groups:  # no LR scheduler: a constant LR, as on the torch path
+            group["lr"] = lr
+        [self._dist_opt] = self.optimizer.chained_optimizers  # dense model: one DistributedOptimizer
+
+    # ---------------------------------------------------------------------- the trainer's update protocol
+    def zero_grads(self) -> None:
+        self.ddp.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        self._sync_masters_from_params()
+
+    @torch.no_grad()
+    def _sync_masters_from_params(self) -> None:
+        """Masters follow writes into the parameters made outside the optimizer (a weight load after the
+        optimizer was built): an owned master element that no longer rounds to its parameter takes the
+        parameter's value, as hpcrl.train.optimizer.MasterWeights.sync_from_params does. After megatron's
+        own steps every master rounds to its parameter, so this changes nothing then."""
+        for param in self.model.parameters():
+            owned = self._owned(param)
+            if owned is None:
+                continue
+            (start, end), tensors = owned
+            master, shard = tensors["param"], param.detach().reshape(-1)[start:end]
+            if master.data_ptr() == shard.data_ptr():  # fp32 param: the master IS the parameter's shard
+                continue
+            stale = master.to(param.dtype) != shard
+            if bool(stale.any()):
+                master[stale] = shard[stale].to(master.dtype)
+
+    def accumulating(self, last: bool) -> contextlib.AbstractContextManager:
+        """Around one micro-batch's backward: all but the last skip DDP's grad reduction."""
+        return contextlib.nullcontext() if last else self.ddp.no_sync()
+
+    def after_micro_batch(self) -> None:
+        """Nothing: megatron's backward hooks already accumulated into the fp32 main_grad buffer."""
+
+    def loss_scale(self) -> float:
+        return float(self.optimizer.get_loss_scale())
+
+    def step(self, before_step: Callable[[], None]) -> tuple[float, bool]:
+        """Reduce-scatter grads, norm, clip, step the local shard, all-gather params.
+        Returns (pre-clip grad norm, stepped)."""
+        from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
+
+        self.ddp.finish_grad_sync()
+        self._allreduce_tied_embedding_grads()
+        if self.optimizer.prepare_grads():  # fp16 overflow: the scaler backed off; skip like megatron
+            return math.inf, False
+        norm = float(self.optimizer.get_grad_norm())
+        if not math.isfinite(norm):
+            return norm, False
+        if self.cfg.grad_clip > 0:
+            clip_grad_by_total_norm_fp32(self._dist_opt.get_parameters(), self.cfg.grad_clip, norm)
+        before_step()
+        self.optimizer.step_with_ready_grads()
+        return norm, True
+
+    def _allreduce_tied_embedding_grads(self) -> None:
+        """p > 1 with tied embeddings: sum the main_grads of the first stage's embedding and the last
+        stage's output copy (megatron's finalize_model_grads does this over its embedding group)."""
+        if self.groups.embd is None or not is_tied(self.model):
+            return
+        dist.all_reduce(self.model.shared_embedding_or_output_weight().main_grad, group=self.groups.embd)
+
+    # ------------------------------------------------------------------------------- checkpoint state
+    @torch.no_grad()
+    def param_state(self, param: torch.nn.Parameter) -> dict[str, torch.Tensor]:
+        """fp32 master, Adam moments and step of `param`, whole (this rank's TP shard of it), gathered
+        over DP from the distributed optimizer's flat shards. Collective over DP: every rank calls it
+        for every parameter in the same order."""
+        owned = self._owned(param)
+        stepped = torch.tensor([float(bool(self._dist_opt.optimizer.state))], device=param.device)
+        dist.all_reduce(stepped, op=dist.ReduceOp.MAX, group=self.groups.dp)  # moments exist (any rank)?
+        keys = ("master", *_ADAM_KEYS) if stepped.item() else ("master",)
+        full = {}
+        for key in keys:
+            flat = torch.zeros(param.numel(), dtype=torch.float32, device=param.device)
+            if owned is not None:
+                (start, end), tensors = owned
+                flat[start:end] = tensors["param" if key == "master" else key].float()
+            dist.all_reduce(flat, group=self.groups.dp)  # each element is owned by exactly one DP rank
+            full[key] = flat.view(param.shape)
+        if stepped.item():
+            full["step"] = torch.tensor(float(self._step_count()))
+        return full
+
+    @torch.no_grad()
+    def load_param_state(self, param: torch.nn.Parameter, value: torch.Tensor, state: dict | None) -> None:
+        """Set `param` (every DP rank: the checkpoint holds it whole) and this rank's slice of its
+        master and, with `state`, of its Adam moments and the step count."""
+        param.copy_(value)
+        owned = self._owned(param)
+        if owned is not None and not self._dist_opt.optimizer.state:
+            # never stepped: megatron creates the moments with one zero-grad step; all are overwritten below
+            self._dist_opt._init_optimizer_states_with_dummy_values()
+            owned = self._owned(param)
+        step = int(state["step"]) if state is not None else 0  # weights only: a fresh optimizer
+        self._set_step_count(step)
+        if owned is None:
+            return
+        (start, end), current = owned
+        new = {}
+        for key, tensor in current.items():  # megatron copies every key it holds: give each one
+            if key == "param":
+                new[key] = value.reshape(-1)[start:end]
+            elif key in _ADAM_KEYS and state is not None:
+                new[key] = state[key].reshape(-1)[start:end]
+            elif key == "step":
+                new[key] = torch.as_tensor(float(step)).to(tensor)
+            else:
+                new[key] = tensor
+        self._dist_opt._set_main_param_and_optimizer_states(param, new)
+
+    def _owned(self, param) -> tuple[tuple[int, int], dict] | None:
+        """((start, end) of `param`'s flattened elements this DP rank steps, its optimizer tensors)."""
+        opt = self._dist_opt
+        if param not in opt.model_param_gbuf_map:  # it maps only the params this rank owns a piece of
+            return None
+        gbuf_index, dtype, bucket_index = opt.model_param_gbuf_map[param]
+        rng = opt.gbuf_ranges[gbuf_index][dtype][bucket_index]["param_map"][param]["param"]
+        return (rng.start, rng.end), opt._get_main_param_and_optimizer_states(param)
+
+    def _step_count(self) -> int:
+        for state in self._iter_states():
+            if "step" in state:
+                return int(state["step"])
+        return int(self._dist_opt.optimizer.param_groups[0].get("step", 0))
+
+    def _set_step_count(self, step: int) -> None:
+        for state in self._iter_states():
+            if "step" in state:
+                state["step"] = torch.tensor(float(step)) if torch.is_tensor(state["step"]) else step
+        for group in self._dist_opt.optimizer.param_groups:  # TE/apex FusedAdam count steps per group
+            group["step"] = step
+
+    def _iter_states(self) -> Iterator[dict]:
+        yield from self._dist_opt.optimizer.state.values()

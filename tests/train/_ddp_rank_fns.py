@@ -1,0 +1,185 @@
+"""Rank functions for tests/train/test_megatron_ddp.py: megatron-core DDP grad sync on CPU (gloo), and the
+megatron update backend on CUDA (gpu-marked)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from hpcrl.train.config import OptimizerConfig
+from hpcrl.train.megatron_optimizer import wrap_ddp
+from hpcrl.train.model import build_gpt_model, build_train_groups, load_full_state_dict
+from hpcrl.train.optimizer import TorchUpdate
+from hpcrl.train.trainer import build_policy_trainer
+from tests.train._rank_fns import policy_loss, random_full_state_dict, tiny_batch, tiny_config
+
+MICRO_BATCH = 2
+
+
+def _model(groups, cfg):
+    model = build_gpt_model(cfg, groups)
+    load_full_state_dict(model, random_full_state_dict(cfg, seed=3), cfg, groups)
+    return model
+
+
+def _backward_micro_batches(trainer, model, batch, accumulating) -> None:
+    """The trainer's micro-batch loop (forward + backward of each), with `accumulating(last)` around each."""
+    trainer._set_global_counts(batch)
+    micro_batches = list(batch.micro_batches(MICRO_BATCH))
+    for index, mb in enumerate(micro_batches):
+        with accumulating(index == len(micro_batches) - 1):
+            trainer._run_micro_batch(mb, policy_loss)
+
+
+def ddp_grads_vs_torch_update(
+    rank: int, world_size: int, tensor: int, overlap: bool, distributed: bool
+) -> dict:
+    """Each DP rank backprops its own half of a batch through (a) megatron DDP and (b) hpcrl's TorchUpdate
+    path; after the grad sync, compare megatron's fp32 main_grad with TorchUpdate's all-reduced grad:
+    everywhere (all-reduce), or on the elements this DP rank owns (reduce-scatter for the distributed
+    optimizer). Returns the max |diff| and how many elements were compared."""
+    data = world_size // tensor
+    groups = build_train_groups(tensor, 1, data)
+    cfg = tiny_config()
+    optim_cfg = OptimizerConfig(
+        lr=1e-2, micro_batch_size=MICRO_BATCH, overlap_grad_reduce=overlap, backend="torch"
+    )
+    batch = tiny_batch(cfg, seed=groups.dp_rank)
+
+    reference = build_policy_trainer(cfg, optim_cfg, groups)
+    load_full_state_dict(reference.model, random_full_state_dict(cfg, seed=3), cfg, groups)
+    update: TorchUpdate = reference.update_step
+    update.zero_grads()
+    _backward_micro_batches(reference, reference.model, batch, update.accumulating)
+    expected = update._step_grads()
+    update._allreduce_dp_grads(expected)
+
+    trainer = build_policy_trainer(cfg, None, groups)  # forward/backward only; megatron DDP owns the grads
+    model = _model(groups, cfg)
+    trainer.model = model
+    ddp = wrap_ddp(model, groups, optim_cfg, distributed_optimizer=distributed)
+    ddp.zero_grad_buffer()
+    _backward_micro_batches(
+        trainer, model, batch, lambda last: ddp.no_sync() if not last else contextlib.nullcontext()
+    )
+    ddp.finish_grad_sync()
+
+    by_name = dict(reference.model.named_parameters())
+    max_diff, compared = 0.0, 0
+    for name, param in model.named_parameters():
+        want = expected[by_name[name]].reshape(-1)
+        for start, end in (
+            _owned_ranges(ddp, param, groups.dp_rank, data) if distributed else [(0, param.numel())]
+        ):
+            got = param.main_grad.reshape(-1)[start:end]
+            max_diff = max(max_diff, float((got - want[start:end]).abs().max()) if end > start else 0.0)
+            compared += end - start
+    total = sum(p.numel() for p in model.parameters())
+    return {
+        "max_diff": max_diff,
+        "compared": compared,
+        "total": total,
+        "grad_norm": float(torch.cat([g.reshape(-1) for g in expected.values()]).norm()),
+    }
+
+
+def _owned_ranges(ddp, param, dp_rank: int, data: int) -> list[tuple[int, int]]:
+    """Element ranges of `param` (flattened) inside this DP rank's shard of its DDP bucket."""
+    for buffer in ddp.buffers:
+        if param not in buffer.param_index_map:
+            continue
+        start, end, bucket_id = buffer.param_index_map[param]
+        bucket = buffer.buckets[bucket_id]
+        shard = bucket.grad_data.numel() // data
+        lo = bucket.offset + dp_rank * shard
+        hi = lo + shard
+        a, b = max(start, lo), min(end, hi)
+        return [(a - start, b - start)] if a < b else []
+    raise AssertionError("parameter not in any DDP buffer")
+
+
+def fp16_tiny_loss_update(rank: int, world_size: int, scaled: bool) -> dict:
+    """fp16 model, a loss so small (x 1e-8) that its fp16 gradients underflow to zero unless scaled."""
+    groups = build_train_groups(1, 1, 1)
+    cfg = tiny_config(dtype="float16")
+    trainer = build_policy_trainer(cfg, OptimizerConfig(lr=1e-3, micro_batch_size=MICRO_BATCH), groups)
+    load_full_state_dict(trainer.model, random_full_state_dict(cfg, seed=3), cfg, groups)
+    if not scaled:
+        trainer.update_step.scaler = None
+
+    def tiny_loss(outputs, mb):
+        loss, metrics = policy_loss(outputs, mb)
+        return loss * 1e-8, metrics
+
+    result = trainer.update(tiny_batch(cfg), tiny_loss)
+    scale = trainer.update_step.loss_scale()
+    return {"grad_norm": result["grad_norm"], "skipped": result["update_skipped_nonfinite"], "scale": scale}
+
+
+def megatron_vs_torch_backend(rank: int, world_size: int, tensor: int, dtype: str, fake_cuda: bool) -> dict:
+    """The megatron backend (DDP + DistributedOptimizer) against the torch backend: 3 updates from the same
+    weights (loaded AFTER the optimizer was built, as a test or an HF load would); then the sharded optimizer
+    state is read back whole through the checkpoint interface and loaded into a fresh megatron trainer.
+    On CUDA as is; with `fake_cuda` on CPU, with CUDA device strings faked inside megatron's optimizer
+    (tests/train/_fake_cuda_strings.py)."""
+    from hpcrl.train import megatron_compat, optimizer
+    from tests.train import _fake_cuda_strings
+
+    if fake_cuda:
+        megatron_compat.enable()
+        _fake_cuda_strings.install()
+    else:
+        torch.cuda.set_device(rank)
+    groups = build_train_groups(tensor, 1, world_size // tensor)
+    cfg = tiny_config(dtype=dtype)
+    batch = tiny_batch(cfg, seed=groups.dp_rank)
+
+    def trainer_of(backend: str):
+        optim_cfg = OptimizerConfig(lr=1e-2, micro_batch_size=MICRO_BATCH, backend=backend)
+        real_resolve = optimizer.resolve_backend
+        if fake_cuda:  # resolve_backend's CUDA check is part of the faked boundary
+            optimizer.resolve_backend = lambda cfg, key=None: cfg.backend
+        try:
+            trainer = build_policy_trainer(cfg, optim_cfg, groups)
+        finally:
+            optimizer.resolve_backend = real_resolve
+        load_full_state_dict(trainer.model, random_full_state_dict(cfg, seed=3), cfg, groups)
+        return trainer
+
+    reference, megatron = trainer_of("torch"), trainer_of("megatron")
+    losses = {
+        name: [t.update(batch, policy_loss)["loss"] for _ in range(3)]
+        for name, t in (("torch", reference), ("megatron", megatron))
+    }
+    pairs = list(zip(reference.model.parameters(), megatron.model.parameters(), strict=True))
+    param_diff = max(float((a.detach().float() - b.detach().float()).abs().max()) for a, b in pairs)
+    state_diff = 0.0
+    for a, b in pairs:
+        sa, sb = reference.param_state(a), megatron.param_state(b)
+        for key in ("exp_avg", "exp_avg_sq"):
+            state_diff = max(state_diff, float((sa[key].float() - sb[key].float()).abs().max()))
+    fresh = trainer_of("megatron")
+    for src, dst in zip(megatron.model.parameters(), fresh.model.parameters(), strict=True):
+        state = megatron.param_state(src)
+        fresh.load_param_state(dst, state.get("master", src.detach()), state)
+    return {
+        "losses": losses,
+        "param_diff": param_diff,
+        "state_diff": state_diff,
+        "next_losses": [
+            megatron.update(batch, policy_loss)["loss"],
+            fresh.update(batch, policy_loss)["loss"],
+        ],
+        "update_type": type(megatron.update_step).__name__,
+        "owned_fraction": _owned_fraction(megatron),
+    }
+
+
+def _owned_fraction(trainer) -> float:
+    """Share of this rank's parameter elements whose master and moments it holds (1/d under ZeRO-1)."""
+    update = trainer.update_step
+    owned = sum(
+        end - start for p in trainer.model.parameters() if (o := update._owned(p)) for start, end in [o[0]]
+    )
+    return owned / sum(p.numel() for p in trainer.model.parameters())
