@@ -1,7 +1,8 @@
 """Shared fixtures and markers.
 
 Markers: slurm (needs the dev cluster), dist (real multi-process gloo), gpu (skipped without CUDA,
-with the reason), slow. The `slurm_cluster` fixture fails loudly (not skip) when HPCRL_REQUIRE_SLURM=1
+with the reason), slow; background_start / background_check (registered here: ordering of background
+work, see BACKGROUND_MARKERS). The `slurm_cluster` fixture fails loudly (not skip) when HPCRL_REQUIRE_SLURM=1
 and the dev cluster is not running: CI must never pass by skipping the cluster tests.
 """
 
@@ -11,8 +12,26 @@ import os
 
 import pytest
 
+BACKGROUND_MARKERS = {
+    "background_start": "starts long, mostly idle background work through a session fixture (e.g. a Slurm "
+    "element that runs for minutes); moved to the FRONT of the session",
+    "background_check": "checks the background work of a background_start test; moved to the END of the "
+    "session (run alone, it waits for the work)",
+}
 
+
+def pytest_configure(config):
+    for name, doc in BACKGROUND_MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {doc}")
+
+
+@pytest.hookimpl(trylast=True)  # after any other reordering: these positions are what make the overlap
 def pytest_collection_modifyitems(config, items):
+    _skip_gpu_tests_without_cuda(items)
+    _background_work_first_and_its_checks_last(items)
+
+
+def _skip_gpu_tests_without_cuda(items) -> None:
     import torch
 
     if torch.cuda.is_available():
@@ -21,6 +40,18 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+def _background_work_first_and_its_checks_last(items) -> None:
+    """Background work overlaps the rest of the session instead of adding its wall time to it (the
+    order is otherwise kept)."""
+
+    def position(item) -> int:
+        if item.get_closest_marker("background_start"):
+            return 0
+        return 2 if item.get_closest_marker("background_check") else 1
+
+    items.sort(key=position)  # stable
 
 
 @pytest.fixture(autouse=True)

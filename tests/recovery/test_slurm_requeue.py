@@ -1,8 +1,12 @@
 """Recovery of the real tiny GRPO job on the dev Slurm cluster, through `hpcrl submit` (submitit arrays).
 
-1. `--time=1` with more work than one attempt holds: Slurm's warning signal (submitit's USR2, every rank)
-   -> save at the next step boundary -> requeue -> resume from `latest`, until done; the final state
-   and every step's metrics equal a straight local run of the same config.
+1. `--time=1` with ~3 minutes of work: Slurm's warning signal (submitit's USR2, every rank) -> save at
+   the next step boundary -> requeue -> resume from `latest`, until done; the final state and every
+   step's metrics equal a straight local run of the same config. The element takes ~5 minutes of wall
+   time but little CPU (its steps sleep), so it runs in the BACKGROUND of the session: the session
+   fixture `requeue_element` submits it (and starts the local reference run) the first time it is
+   requested; tests/conftest.py moves the `background_start` test, which requests it, to the front of
+   the session and the `background_check` test to the end. Run alone, the check simply waits.
 2. `scontrol requeue` of a running 2-node element: it restarts, resumes from its latest periodic
    checkpoint, and `hpcrl status` shows restart count 1.
 """
@@ -14,11 +18,15 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from hpcrl.launcher.element import LAUNCHER_STATE, load_resolved
 from hpcrl.launcher.manifest import load_manifest
+from hpcrl.rl.job import STEP_SLEEP_ENV
 from tests.recovery._runs import (
     REPO,
     TEMPLATES,
@@ -85,24 +93,80 @@ def assert_same_as_straight_run(run_dir: Path, ref_root: Path, steps: int) -> st
     return digest(got)
 
 
-def test_time_limit_of_one_minute_finishes_through_signal_save_and_requeue(slurm_cluster, tmp_path):
-    template = TEMPLATES / "grpo_requeue.yaml"
-    started = time.monotonic()
-    sweep_dir = submit(template, tmp_path)
-    reference = start_run(template, tmp_path / "ref", log=tmp_path / "ref.log")  # straight, local, meanwhile
-    element = wait_final(sweep_dir, timeout_s=240)
-    elapsed = time.monotonic() - started
-    log = slurm_log(sweep_dir)
+@dataclass(frozen=True)
+class BackgroundRequeue:
+    """The `--time=1` element submitted in the background of the session, and its straight local run."""
+
+    sweep_dir: Path
+    job_id: str
+    reference_root: Path
+    reference: subprocess.Popen
+    submitted_at: float
+    """time.time() at submission."""
+
+
+REQUEUE_TEMPLATE = TEMPLATES / "grpo_requeue.yaml"
+CHECK_WAIT_S = 540
+"""How long the check waits for a final state (run alone, it waits for the whole element within pytest's
+600 s timeout). Measured: 260-300 s from submission to COMPLETED, 5-6 attempts."""
+
+
+@pytest.fixture(scope="session")
+def requeue_element(slurm_cluster, tmp_path_factory) -> Iterator[BackgroundRequeue]:
+    """Submit the `--time=1` element and start the straight local reference run, once per session; at the
+    end of the session cancel whatever still runs (a session that never checked it)."""
+    root = tmp_path_factory.mktemp("requeue")
+    submitted_at = time.time()
+    sweep_dir = submit(REQUEUE_TEMPLATE, root)
+    # The reference needs no sleep (it changes no result): ~20 CPU-seconds beside the other tests.
+    no_sleep = json.dumps({"OMP_NUM_THREADS": "1", STEP_SLEEP_ENV: "0"})
+    reference = start_run(REQUEUE_TEMPLATE, root / "ref", "--cluster.env", no_sleep, log=root / "ref.log")
+    job_id = load_manifest(sweep_dir).entries[0].job_id
+    yield BackgroundRequeue(sweep_dir, job_id, root / "ref", reference, submitted_at)
+    if reference.poll() is None:
+        reference.kill()
+        reference.wait()
+    if element_status(sweep_dir)["state"] not in FINAL:
+        slurm_cluster.run(["scancel", job_id], check=False)
+
+
+@pytest.mark.background_start
+def test_one_minute_element_is_submitted_at_the_start_of_the_session(requeue_element):
+    script = next((requeue_element.sweep_dir / "slurm").glob("*_submission.sh")).read_text()
+    assert "#SBATCH --time=1\n" in script and "#SBATCH --signal=USR2@5\n" in script, script
+    assert element_status(requeue_element.sweep_dir)["state"] in {"PENDING", "RUNNING"}
+    assert requeue_element.reference.poll() in (None, 0)  # running or already done
+
+
+@pytest.mark.background_check
+def test_time_limit_of_one_minute_finishes_through_signal_save_and_requeue(requeue_element):
+    run = requeue_element
+    check_started = time.time()
+    element = wait_final(run.sweep_dir, timeout_s=CHECK_WAIT_S)
+    log = slurm_log(run.sweep_dir)
     assert element["state"] == "COMPLETED", log[-3000:]
-    assert reference.wait(timeout=120) == 0
+    assert run.reference.wait(timeout=60) == 0  # ~30 s, started with the element
     assert element["restarts"] >= 1
-    saves = log.count("saved (requested), stopping for requeue")  # signal -> save -> stop, on each attempt
+    stops = [
+        int(line.split("step ")[1].split(":")[0])
+        for line in log.splitlines()
+        if "saved (requested), stopping for requeue" in line  # signal -> save -> stop, on each attempt
+    ]
+    saves = len(stops)
     assert saves >= 1 and log.count("Requeued job") == saves == element["restarts"], log[-3000:]
-    rank1_log = slurm_log(sweep_dir, rank=1)  # the signal reached the other rank too
+    rank1_log = slurm_log(run.sweep_dir, rank=1)  # the signal reached the other rank too
     assert rank1_log.count("SIGUSR2: requeue requested") >= saves, rank1_log[-3000:]
     assert log.count("resumed from") == element["restarts"]
-    final = assert_same_as_straight_run(Path(element["run_dir"]), tmp_path / "ref", steps=20)
-    print(f"requeues={element['restarts']} elapsed={elapsed:.0f}s final state sha256={final}")
+    run_dir = Path(element["run_dir"])
+    cfg = load_resolved(run_dir / "config.yaml")
+    assert cfg.cluster.time_min == 1 and cfg.algorithm.steps * float(cfg.cluster.env[STEP_SLEEP_ENV]) >= 150
+    final = assert_same_as_straight_run(run_dir, run.reference_root, steps=cfg.algorithm.steps)
+    finished = json.loads((run_dir / LAUNCHER_STATE).read_text())["finished"]
+    print(
+        f"attempts={saves + 1} requeues={element['restarts']} stopped after steps {stops} "
+        f"element wall={finished - run.submitted_at:.0f}s (submit -> COMPLETED), "
+        f"check waited {time.time() - check_started:.0f}s, final state sha256={final}"
+    )
 
 
 def test_scontrol_requeue_of_a_running_two_node_element_resumes_it(slurm_cluster, tmp_path):
