@@ -64,6 +64,14 @@ def check_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
             )
         )
     gpus = gpus_per_node(cfg)
+    if cfg.optim.backend == "megatron" and not gpus:
+        out.append(
+            (
+                "optim.backend",
+                "megatron's distributed optimizer needs CUDA, but the element has no GPUs "
+                "(cluster.gpus_per_node / cluster.gres); use auto (megatron on GPUs, torch on CPU) or torch",
+            )
+        )
     if gpus:
         total = gpus * cl.nodes
         if cl.tasks_per_node != gpus:

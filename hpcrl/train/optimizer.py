@@ -262,7 +262,7 @@ class TorchUpdate:
             held["step"] = state["step"].clone()
 
 
-def resolve_backend(cfg: OptimizerConfig, key: str = "optimizer.backend") -> str:
+def resolve_backend(cfg: OptimizerConfig, key: str = "optim.backend") -> str:
     """ "torch" or "megatron" for this process (auto: megatron when CUDA is available)."""
     if cfg.backend == "auto":
         return "megatron" if torch.cuda.is_available() else "torch"

@@ -70,3 +70,16 @@ def test_unsafe_sbatch_directive_values_are_rejected(tmp_path, capsys):
     assert cli.main(["expand", str(t)]) == 2
     err = capsys.readouterr().err
     assert "cluster.partition" in err and "cluster.env.BAD-NAME" in err
+
+
+def test_megatron_optimizer_backend_on_an_element_without_gpus_is_rejected_before_any_run(tmp_path, capsys):
+    t = tmp_path / "t.yaml"
+    t.write_text("optim: {backend: megatron}\n")
+    runs = tmp_path / "runs"
+    assert cli.main(["run", str(t), "--run_root", str(runs)]) == 2
+    err = capsys.readouterr().err
+    assert f"{t}:optim.backend: megatron's distributed optimizer needs CUDA" in err
+    assert not runs.exists()
+    gpu = tmp_path / "gpu.yaml"  # the same backend on GPU nodes is a valid config
+    gpu.write_text("optim: {backend: megatron}\ncluster: {gres: 'gpu:a100:1', tasks_per_node: 1}\n")
+    assert cli.main(["expand", str(gpu)]) == 0

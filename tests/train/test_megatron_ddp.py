@@ -37,7 +37,7 @@ def test_megatron_backend_without_cuda_is_a_config_error_naming_the_key():
         pytest.skip("CUDA present: the megatron backend is valid here")
     with pytest.raises(ConfigError) as err:
         resolve_backend(OptimizerConfig(backend="megatron"))
-    assert "optimizer.backend" in str(err.value) and "CUDA" in str(err.value)
+    assert "optim.backend" in str(err.value) and "CUDA" in str(err.value)
     assert resolve_backend(OptimizerConfig()) == "torch"  # auto on CPU
 
 
