@@ -3,6 +3,7 @@
     from hpcrl.ckpt.checkpointer import Checkpointer
     ck = Checkpointer(root, group=pg, keep_last=2, async_save=True)
     ck.save(step, shards, RunState(step=step, data_cursor=..., algorithm_state=...), layout=..., extra=...)
+    ck.fence()                                    # before writing saved tensors in place (optimizer step)
     loaded = ck.load(specs, fallback=True)        # specs of THIS rank under ANY layout
     restore_rng(loaded.rng); loaded.tensors[name]; loaded.state.data_cursor
 
@@ -15,7 +16,8 @@
 | manifest.py     | `manifest.json` schema (shapes, dtypes, shards, files, checksums, fingerprints, RNG, state) |
 | save.py         | write -> per-rank record -> rank 0 commits; sync path with failure agreement |
 | commit.py       | `step_N.tmp-*` -> `step_N` -> `latest`; keep-last-k; leftovers of crashes |
-| checkpointer.py | `Checkpointer`: sync/async save (host snapshot, one save in flight), load |
+| checkpointer.py | `Checkpointer`: sync/async save (one save in flight, snapshot and write threads), fence, load |
+| snapshot.py     | async save's host snapshot (reused buffers), its fence, the guard failing a save on unfenced writes |
 | load.py         | candidates, verification agreed across ranks, fallback, hyperslab reads counted exactly |
 | verify.py       | file/segment verification naming file and tensor |
 | partition.py    | shard specs of another (t, p, d) from the manifest's partition annotations |

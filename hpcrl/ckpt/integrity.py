@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 SEGMENT_BYTES = 4 << 20
-# hashlib and os.pread release the GIL: two workers keep both cores busy on big files.
-_HASH_WORKERS = 2
+HASH_WORKERS = 2
+"""hashlib and os.pread release the GIL: two workers keep both cores busy on big files."""
 
 
 def fsync_file(path: str | Path) -> None:
@@ -61,16 +62,24 @@ def plan_segments(
     return segments
 
 
-def hash_segments(path: str | Path, segments: list[tuple[int, int]]) -> list[str]:
-    """SHA-256 of each byte range of the file."""
+def hash_segments(
+    path: str | Path,
+    segments: list[tuple[int, int]],
+    *,
+    workers: int = HASH_WORKERS,
+    in_memory: Callable[[int, int], memoryview | None] | None = None,
+) -> list[str]:
+    """SHA-256 of each byte range of the file. `in_memory(start, stop)` may return the bytes of a range
+    that are still in memory (the writer's own buffers: no second pass over the file)."""
     fd = os.open(path, os.O_RDONLY)
     try:
 
         def one(segment: tuple[int, int]) -> str:
             start, stop = segment
-            return hashlib.sha256(os.pread(fd, stop - start, start)).hexdigest()
+            data = in_memory(start, stop) if in_memory is not None else None
+            return hashlib.sha256(os.pread(fd, stop - start, start) if data is None else data).hexdigest()
 
-        with ThreadPoolExecutor(_HASH_WORKERS) as pool:
+        with ThreadPoolExecutor(workers) as pool:
             return list(pool.map(one, segments))
     finally:
         os.close(fd)

@@ -1,7 +1,7 @@
 """Saving a checkpoint: every rank writes its file, rank 0 writes the manifest and commits.
 
 Sequence (one save; `group` passed explicitly, None = a single process):
-1. `plan_save` — one all-gather of shard metadata (collective, caller's thread).
+1. `plan_save` — one all-gather of shard metadata (collective, caller's thread); rank 0 tidies the root.
 2. each rank writes `rank_XXXXX.h5` into `step_N.tmp-<token>/`, fsyncs it, and leaves a record
    `rank_XXXXX.json` (file size, block checksums, dataset offsets, its RNG state) — or
    `rank_XXXXX.failed` with the error.
@@ -17,6 +17,7 @@ import contextlib
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,14 +53,18 @@ class SaveJob:
     keep_last: int
     timeout_s: float
     extra: dict[str, Any]
+    background: bool = False
+    """Written by an async save's thread: one busy thread at a time (training keeps the other cores)."""
 
     @property
     def tmp(self) -> Path:
         return tmp_dir(self.root, self.state.step, self.plan.token)
 
 
-def write_rank(job: SaveJob) -> None:
-    """Step 2 for this rank. On failure leaves a `.failed` marker (so rank 0 never commits) and raises."""
+def write_rank(job: SaveJob, before_record: Callable[[], None] | None = None) -> None:
+    """Step 2 for this rank. `before_record` runs after the file is written and before the record that
+    publishes it (it may raise: the async write guard). On failure leaves a `.failed` marker (so rank 0
+    never commits) and raises."""
     job.tmp.mkdir(parents=True, exist_ok=True)
     stem = job.tmp / rank_file(job.plan.rank).removesuffix(".h5")
     try:
@@ -67,19 +72,28 @@ def write_rank(job: SaveJob) -> None:
         record: dict[str, Any] = {"rank": job.plan.rank, "rng": job.rng, "file": None}
         if arrays:
             attrs = {"hpcrl_step": str(job.state.step), "hpcrl_run_id": job.state.run_id}
-            written = write_rank_file(job.tmp / rank_file(job.plan.rank), arrays, attrs)
+            written = write_rank_file(job.tmp / rank_file(job.plan.rank), arrays, attrs, job.background)
             record["file"] = {
                 "name": written.file,
                 "size": written.size,
                 "segments": written.segments,
                 "byte_offsets": written.byte_offsets,
             }
+        if before_record is not None:
+            before_record()
         write_durable(stem.with_suffix(".json"), json.dumps(record).encode())
     except BaseException as err:
-        # the disk may be full; rank 0 then times out waiting, which also never commits
-        with contextlib.suppress(OSError):
-            write_durable(stem.with_suffix(".failed"), repr(err).encode())
+        mark_failed(job, err)
         raise
+
+
+def mark_failed(job: SaveJob, err: BaseException) -> None:
+    """Leave this rank's `.failed` marker: rank 0 then fails the save at once instead of waiting for it."""
+    stem = job.tmp / rank_file(job.plan.rank).removesuffix(".h5")
+    # the disk may be full; rank 0 then times out waiting, which also never commits
+    with contextlib.suppress(OSError):
+        job.tmp.mkdir(parents=True, exist_ok=True)
+        write_durable(stem.with_suffix(".failed"), repr(err).encode())
 
 
 def commit_save(job: SaveJob) -> Path:
@@ -117,6 +131,12 @@ def commit_save(job: SaveJob) -> Path:
     check_committed(final)
     prune(job.root, job.keep_last, job.plan.token)
     return final
+
+
+def tidy_root(job: SaveJob) -> None:
+    """Rank 0, before writing: a crash may have left tmp dirs, unpublished dirs, or skipped the last prune."""
+    remove_leftovers(job.root, keep=job.tmp)
+    prune(job.root, job.keep_last, job.plan.token)
 
 
 def abort_save(job: SaveJob) -> None:

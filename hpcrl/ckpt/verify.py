@@ -83,7 +83,7 @@ def verify_directory(directory: Path) -> Manifest:
 
 def check_committed(directory: Path) -> Manifest:
     """Cheap verification of a checkpoint this process just wrote: the manifest parses and every file
-    exists with its recorded size. (Its checksums were computed from the files as written, so a full
+    exists with its recorded size. (Its checksums were computed from the bytes just written, so a full
     re-hash would read the same bytes again; loaders and `hpcrl ckpt check` do the full verification.)"""
     manifest = read_manifest(directory)
     for file, entry in manifest.files.items():

@@ -1,8 +1,13 @@
-"""Checkpoint and resume of the RL job through hpcrl.ckpt (sharded HDF5, any layout on load).
+"""Checkpoint and resume of a training job through hpcrl.ckpt (sharded HDF5, any layout on load): the RL
+job (hpcrl.rl.job) and offline DPO (hpcrl.rl.dpo) share it.
 
-Saved: actor (+ critic) parameters and AdamW state as shards ("actor." / "critic." prefixes), the data
-cursor, the step, RNG states. Not saved: the reference model (it is rebuilt from the same init or HF
-directory) and the rollout engine (it receives the actor's weights at the start of every step).
+Saved: the trainers' parameters and AdamW state as shards, one prefix per trainer ("actor." / "critic."),
+the data cursor of the job's `PromptSampler`, the step, RNG states. Not saved: the reference model (it is
+rebuilt from the same init or HF directory) and the rollout engine (it receives the actor's weights at the
+start of every step). Saves are async when `checkpoint.async_save`: every saved trainer fences the
+in-flight save before its optimizer step (`Trainer.add_pre_step_hook(checkpointer.fence)`), the first
+in-place write of its parameters and optimizer state in a step (nothing else writes them in place: the
+reshard engine and the rollout engines only read the training shards).
 When to save is `hpcrl.ckpt.trigger.SaveTrigger`: every `checkpoint.every_steps`, on SIGUSR1 (plain
 `sbatch --signal=B:USR1@N`) or submitit's USR2 (relayed by hpcrl.launcher.element.on_requeue), and before
 the time limit; a requested or deadline save also stops the run and asks the launcher to requeue it
@@ -18,7 +23,9 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 import torch.distributed as dist
 
@@ -33,7 +40,10 @@ from hpcrl.config.experiment import ExperimentConfig
 from hpcrl.data.cursor import DataCursor, PromptSampler
 from hpcrl.launcher.element import on_requeue, stop_for_requeue
 from hpcrl.metrics.sinks import METRICS_FILE
-from hpcrl.rl.driver import RLDriver
+
+if TYPE_CHECKING:
+    from hpcrl.metrics.logger import MetricsLogger
+    from hpcrl.train.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +74,30 @@ def cut_metrics_back(path: Path, resume_step: int) -> int:
     return dropped
 
 
+class SamplerOwner(Protocol):
+    """The object whose `sampler` walks the training data (the RL or DPO driver); resume replaces it."""
+
+    sampler: PromptSampler
+
+
+def rl_trainers(driver) -> dict[str, Trainer]:
+    """The trainers an RL driver checkpoints on this rank, by prefix. Split placement: a rank holds only
+    its own pool's trainers (the others are stand-ins without one)."""
+    workers = driver.workers
+    out = {"actor.": workers.actor.trainer} if workers.actor.trainer is not None else {}
+    if workers.critic is not None and workers.critic.trainer is not None:
+        out["critic."] = workers.critic.trainer
+    return out
+
+
 class RLCheckpointing:
-    def __init__(self, cfg: ExperimentConfig, run_dir: Path, driver: RLDriver):
-        self.cfg, self.driver, self.run_dir = cfg, driver, Path(run_dir)
+    """Save / resume of a job's `trainers` (prefix -> Trainer on this rank) and of `data`'s cursor."""
+
+    def __init__(
+        self, cfg: ExperimentConfig, run_dir: Path, trainers: dict[str, Trainer], data: SamplerOwner
+    ):
+        self.cfg, self.data, self.run_dir = cfg, data, Path(run_dir)
+        self.trainers = dict(trainers)
         self.group = dist.group.WORLD if dist.is_initialized() and dist.get_world_size() > 1 else None
         self.checkpointer = Checkpointer.from_config(cfg.checkpoint, run_dir, self.group)
         self.trigger = SaveTrigger.from_slurm(
@@ -74,17 +105,11 @@ class RLCheckpointing:
         )
         if threading.current_thread() is threading.main_thread():
             self.trigger.install_signal_handler(signal.SIGUSR1)  # plain `sbatch --signal=B:USR1@N`
-        self._unregister = on_requeue(self.trigger.request)  # submitit's USR2, relayed to every rank
+        self._removers: list[Callable[[], None]] = [on_requeue(self.trigger.request)]  # submitit's USR2
+        # the optimizer step is the first in-place write of what an async save copies in the background
+        self._removers += [t.add_pre_step_hook(self.checkpointer.fence) for t in self.trainers.values()]
         self._step_started = time.perf_counter()
         self._last_saved: int | None = None
-
-    def _trainers(self) -> dict[str, object]:
-        # Split placement: a rank holds only its own pool's trainers (the others are stand-ins).
-        workers = self.driver.workers
-        out = {"actor.": workers.actor.trainer} if workers.actor.trainer is not None else {}
-        if workers.critic is not None and workers.critic.trainer is not None:
-            out["critic."] = workers.critic.trainer
-        return out
 
     def resume(self) -> int:
         """Load the newest verified checkpoint when resume=auto and one exists; return the start step.
@@ -97,14 +122,14 @@ class RLCheckpointing:
                 cut_metrics_back(self.run_dir / METRICS_FILE, 0)
             return 0
         manifest = read_manifest(latest)
-        specs = [s for prefix, t in self._trainers().items() for s in trainer_specs(t, manifest, prefix)]
+        specs = [s for prefix, t in self.trainers.items() for s in trainer_specs(t, manifest, prefix)]
         loaded = self.checkpointer.load(specs, fallback=True)
-        for prefix, trainer in self._trainers().items():
+        for prefix, trainer in self.trainers.items():
             load_into_trainer(trainer, loaded.tensors, prefix)
         if loaded.rng is not None:
             restore_rng(loaded.rng)
-        self.driver.sampler = PromptSampler(
-            self.driver.sampler.rows, DataCursor.from_dict(loaded.state.data_cursor)
+        self.data.sampler = PromptSampler(
+            self.data.sampler.rows, DataCursor.from_dict(loaded.state.data_cursor)
         )
         if group_rank(self.group) == 0:
             cut_metrics_back(self.run_dir / METRICS_FILE, loaded.state.step)
@@ -115,12 +140,12 @@ class RLCheckpointing:
     def save(self, completed_steps: int) -> None:
         start = time.perf_counter()
         shards, extra = [], {"models": {}}
-        for prefix, trainer in self._trainers().items():
+        for prefix, trainer in self.trainers.items():
             shards += trainer_shards(trainer, prefix)
             extra["models"].update(model_extra(trainer, prefix)["models"])
         state = RunState(
             step=completed_steps,
-            data_cursor=self.driver.sampler.cursor.to_dict(),
+            data_cursor=self.data.sampler.cursor.to_dict(),
             restart_count=restart_count(),
         )
         p = self.cfg.parallel
@@ -134,6 +159,8 @@ class RLCheckpointing:
         """Save when the trigger says so; True = stop now (signal or time limit). A stop waits for the
         save to be committed and asks the launcher to requeue the element."""
         self.trigger.record_step(time.perf_counter() - self._step_started)
+        if self.checkpointer.last_save_s is not None:  # an async save's whole time, not just its call
+            self.trigger.record_save(self.checkpointer.last_save_s)
         decision = self.trigger.decide(step + 1, self.group)
         if decision.save:
             self.save(step + 1)
@@ -145,7 +172,52 @@ class RLCheckpointing:
         return decision.stop
 
     def close(self, completed_steps: int) -> None:
-        self._unregister()
+        for remove in self._removers:
+            remove()
+        self._removers = []
         if self.cfg.checkpoint.save_on_exit and completed_steps > 0 and self._last_saved != completed_steps:
             self.save(completed_steps)
         self.checkpointer.close()
+
+
+def run_steps(
+    cfg: ExperimentConfig,
+    run_dir: Path,
+    ckpt_parts: tuple[dict[str, Trainer], SamplerOwner],
+    logger: MetricsLogger,
+    step: Callable[[int], dict],
+    final: Callable[[int], dict] | None,
+    start: float,
+    sleep_s: float = 0.0,
+) -> tuple[dict, Path | None]:
+    """The step loop of a checkpointed job (the RL job and DPO share it): resume, `step(i)` for the
+    remaining steps (each logged once, with time/elapsed_s since `start`; then a `sleep_s` pause, the
+    recovery tests' knob hpcrl.rl.job.STEP_SLEEP_ENV), saves and a stop for requeue when the trigger says
+    so, then `final(steps)` (e.g. the final evaluation) unless stopped; the logger and checkpointer are
+    closed (save_on_exit) whatever happens. `ckpt_parts` = (trainers by prefix, the owner of the data
+    cursor). Returns (the last metrics, merged with the final ones; the reward plot or None)."""
+    ckpt = RLCheckpointing(cfg, run_dir, *ckpt_parts)
+    completed = ckpt.resume()
+    last: dict = {}
+    stopped = False
+    try:
+        for index in range(completed, cfg.algorithm.steps):
+            metrics = step(index)
+            if sleep_s:
+                time.sleep(sleep_s)
+            metrics["time/elapsed_s"] = time.perf_counter() - start
+            logger.log(metrics)
+            last = metrics
+            completed = index + 1
+            if ckpt.after_step(index):
+                stopped = True
+                break
+        if final is not None and not stopped:
+            metrics = final(cfg.algorithm.steps)
+            metrics["time/elapsed_s"] = time.perf_counter() - start
+            logger.log(metrics)
+            last = {**last, **metrics}
+    finally:
+        plot = logger.close()
+        ckpt.close(completed)
+    return last, plot

@@ -225,9 +225,13 @@ def build_dpo_driver(cfg: ExperimentConfig) -> DPODriver:
 
 
 def main(cfg: ExperimentConfig, run_dir: Path) -> dict:
-    """Run offline DPO on this rank; returns the last step's metrics (with the final held-out ones)."""
+    """Run offline DPO on this rank; returns the last step's metrics (with the final held-out ones).
+
+    Checkpoints like the RL job (hpcrl.rl.checkpointing): the policy ("actor." shards, AdamW state), the
+    pair cursor and RNG states; resume=auto continues from `latest` with every step logged once."""
     from hpcrl.metrics.logger import MetricsLogger
-    from hpcrl.rl.job import enter_rank
+    from hpcrl.rl.checkpointing import run_steps
+    from hpcrl.rl.job import enter_rank, step_sleep_s
 
     rank, _ = enter_rank(cfg, run_dir, dpo_problems)
     run_dir = Path(run_dir)
@@ -236,22 +240,15 @@ def main(cfg: ExperimentConfig, run_dir: Path) -> dict:
     driver = build_dpo_driver(cfg)
     logger = MetricsLogger(cfg.logging, run_dir, cfg.algorithm.steps, is_main=rank == 0)
     every = cfg.algorithm.eval_every
-    last: dict = {}
-    try:
-        for step in range(cfg.algorithm.steps):
-            # held-out metrics of the policy before this step's update (step 0: policy == reference)
-            metrics = driver.evaluate(step) if every and step % every == 0 else {}
-            metrics |= driver.step(step)
-            metrics["time/elapsed_s"] = time.perf_counter() - start
-            logger.log(metrics)
-            last = metrics
-        if every:  # the final policy, logged as step `steps`
-            final = driver.evaluate(cfg.algorithm.steps)
-            final["time/elapsed_s"] = time.perf_counter() - start
-            logger.log(final)
-            last = {**last, **final}
-    finally:
-        plot = logger.close()
+
+    def step(index: int) -> dict:
+        # held-out metrics of the policy before this step's update (step 0: policy == reference)
+        metrics = driver.evaluate(index) if every and index % every == 0 else {}
+        return metrics | driver.step(index)
+
+    final = driver.evaluate if every else None  # the final policy, logged as step `steps`
+    parts = ({"actor.": driver.policy.trainer}, driver)
+    last, plot = run_steps(cfg, run_dir, parts, logger, step, final, start, step_sleep_s())
     if rank == 0 and plot is not None:
         print(f"hpcrl: reward curve {plot}", flush=True)
     return last

@@ -95,6 +95,11 @@ def config_problems(cfg: ExperimentConfig, world_size: int) -> list[Problem]:
     return problems
 
 
+def step_sleep_s() -> float:
+    """Seconds of the STEP_SLEEP_ENV test knob (0 when unset)."""
+    return float(os.environ.get(STEP_SLEEP_ENV, "0") or 0)
+
+
 def enter_rank(
     cfg: ExperimentConfig, run_dir: Path, problems_of: Callable[[ExperimentConfig, int], list[Problem]]
 ) -> tuple[int, int]:
@@ -115,38 +120,16 @@ def enter_rank(
 def main(cfg: ExperimentConfig, run_dir: Path) -> dict:
     """Run the configured RL job on this rank; returns the last step's metrics (every rank)."""
     from hpcrl.rl.assemble import build_job
-    from hpcrl.rl.checkpointing import RLCheckpointing
+    from hpcrl.rl.checkpointing import rl_trainers, run_steps
 
     rank, world = enter_rank(cfg, run_dir, config_problems)
     run_dir = Path(run_dir)
     torch.manual_seed(cfg.seed)
     start = time.perf_counter()
     job = build_job(cfg, run_dir, rank, world)
-    ckpt = RLCheckpointing(cfg, run_dir, job.driver)
-    completed = ckpt.resume()
-    step_sleep_s = float(os.environ.get(STEP_SLEEP_ENV, "0") or 0)
-    last: dict = {}
-    stopped = False
-    try:
-        for step in range(completed, cfg.algorithm.steps):
-            metrics = job.driver.step(step)
-            if step_sleep_s:
-                time.sleep(step_sleep_s)
-            metrics["time/elapsed_s"] = time.perf_counter() - start
-            job.logger.log(metrics)
-            last = metrics
-            completed = step + 1
-            if ckpt.after_step(step):
-                stopped = True
-                break
-        if cfg.algorithm.eval_every and not stopped:
-            final = job.driver.final_evaluation(cfg.algorithm.steps)
-            final["time/elapsed_s"] = time.perf_counter() - start
-            job.logger.log(final)
-            last = {**last, **final}
-    finally:
-        plot = job.logger.close()
-        ckpt.close(completed)
+    final = job.driver.final_evaluation if cfg.algorithm.eval_every else None
+    parts = (rl_trainers(job.driver), job.driver)
+    last, plot = run_steps(cfg, run_dir, parts, job.logger, job.driver.step, final, start, step_sleep_s())
     if rank == 0 and plot is not None:
         print(f"hpcrl: reward curve {plot}", flush=True)
     return last

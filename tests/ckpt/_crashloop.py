@@ -42,6 +42,7 @@ def run_until_killed(root: Path, async_save: bool, report_fd: int) -> None:
         start = load_checkpoint(root, specs()).state.step + 1
     live = content(0)
     for step in itertools.count(start):
+        ck.fence()  # the previous async save's snapshot is taken: the tensors may change now
         for name, tensor in content(step).items():
             live[name].copy_(tensor)  # in place, like an optimizer step
         ck.save(step, [ShardedTensor.whole(n, t) for n, t in live.items()], RunState(step=step))

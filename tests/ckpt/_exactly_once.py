@@ -98,6 +98,7 @@ def main(root: str, metrics_path: str, steps: int, every: int) -> None:
             loss = -((reward - reward.mean()) * logp).mean()
             opt.zero_grad()
             loss.backward()
+            ck.fence()  # the optimizer step writes the saved tensors in place
             opt.step()
             log.write(json.dumps({"step": step, "loss": loss.item().hex(), "epoch": cursor["epoch"]}) + "\n")
             log.flush()

@@ -95,13 +95,21 @@ def async_save_two_ranks(rank: int, world_size: int, root: str) -> dict:
         for s, fresh in zip(live, rank_shards(global_tensors(seed=step), rank, 2, 1), strict=True):
             s.data.copy_(fresh.data)
         ck.save(step, live, RunState(step=step))
+        ck.fence()
         for s in live:
             s.data.add_(1.0)  # the next optimizer step, while the save is in flight
         total = torch.ones(1)
         dist.all_reduce(total, group=group)  # a training collective beside the background write
-    ck.close()
+    ck.save(3, live, RunState(step=3))
+    if rank == 1:
+        live[0].data.add_(1.0)  # no fence on rank 1: its file fails, so rank 0 never commits step 3
+    try:
+        ck.close()
+        error = ""
+    except CheckpointError as err:
+        error = str(err)
     dist.barrier(group)
-    out = {}
+    out = {"error": error, "written": live[0].name}
     for step in (1, 2):
         specs = rank_specs(global_tensors(seed=step), rank, 2, 1)
         loaded = load_checkpoint(f"{root}/step_{step:08d}", specs, group=group)

@@ -1,4 +1,5 @@
-"""Async save: host snapshot isolation, at most one save in flight, failures reported and never committed."""
+"""Async save: the fence (a write after it never reaches the checkpoint), the write guard (a write without
+it fails the save, naming the tensor), at most one save in flight, failures reported and never committed."""
 
 from __future__ import annotations
 
@@ -17,20 +18,54 @@ def _shards(w):
     return [ShardedTensor.whole("w", w)]
 
 
-def test_an_in_place_update_after_save_returns_does_not_leak_into_the_checkpoint(tmp_path):
+def test_a_write_after_fence_does_not_reach_the_checkpoint(tmp_path):
     w = torch.arange(1 << 20, dtype=torch.float32)
     ck = Checkpointer(tmp_path, async_save=True)
+    ck.fence()  # nothing in flight: returns at once
     ck.save(1, _shards(w), RunState(step=1))
-    w.add_(1000.0)  # the optimizer step right after save() returned, while the write may still run
-    ck.wait()
+    ck.fence()  # the snapshot is taken; the write to disk may still run
+    w.add_(1000.0)  # the optimizer step
+    ck.fence()  # fenced already: a no-op, not a second check
+    assert ck.wait() == tmp_path / "step_00000001"
     loaded = load_checkpoint(tmp_path, [_shards(w)[0].spec])
     assert torch.equal(loaded.tensors["w"], torch.arange(1 << 20, dtype=torch.float32))
+    assert ck.last_save_s is not None and ck.last_save_s > 0
+
+
+def test_a_write_without_fence_fails_the_save_names_the_tensor_and_leaves_latest(tmp_path):
+    gen = torch.Generator().manual_seed(0)
+    big = [ShardedTensor.whole(f"big{i}", torch.randn(1 << 20, generator=gen)) for i in range(4)]
+    w = torch.zeros(1000)
+    ck = Checkpointer(tmp_path, async_save=True)
+    ck.save(1, [*big, *_shards(w)], RunState(step=1))
+    ck.wait()
+    ck.save(2, [*big, *_shards(w)], RunState(step=2))
+    w.add_(1.0)  # no fence: the snapshot may hold the old or the new values, or a mix
+    with pytest.raises(CheckpointError, match="tensor 'w' was written in place .*step 2.*not committed"):
+        ck.wait()
+    assert read_latest(tmp_path) == tmp_path / "step_00000001"
+    assert [s for s, _ in committed(tmp_path)] == [1]
+    assert [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name] == []
+    ck.save(3, [*big, *_shards(w)], RunState(step=3))  # reported once; the next save works
+    assert ck.wait() == tmp_path / "step_00000003"
+
+
+def test_an_inference_tensor_has_no_version_counter_so_save_copies_it_at_once(tmp_path):
+    with torch.inference_mode():
+        w = torch.ones(1000)
+    ck = Checkpointer(tmp_path, async_save=True)
+    ck.save(1, _shards(w), RunState(step=1))
+    with torch.inference_mode():
+        w.add_(1.0)  # invisible to the write guard, and harmless: save() took its own copy
+    ck.close()
+    assert torch.equal(load_checkpoint(tmp_path, [_shards(w)[0].spec]).tensors["w"], torch.ones(1000))
 
 
 def test_the_next_save_waits_for_the_one_in_flight(tmp_path):
     w = torch.zeros(1 << 18)
     ck = Checkpointer(tmp_path, async_save=True, keep_last=5)
     for step in range(1, 5):
+        ck.fence()
         w.fill_(step)
         ck.save(step, _shards(w), RunState(step=step))
         # save(step) returned: save(step - 1) finished and committed before the new one started

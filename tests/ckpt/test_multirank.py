@@ -92,5 +92,10 @@ def test_ranks_agree_to_fall_back_when_only_one_rank_sees_corruption(tmp_path):
 
 
 def test_async_saves_of_two_ranks_commit_the_snapshot_not_the_later_updates(tmp_path):
-    assert run_ranks(async_save_two_ranks, 2, str(tmp_path)) == [{1: True, 2: True}] * 2
+    rank0, rank1 = run_ranks(async_save_two_ranks, 2, str(tmp_path))
+    assert {k: rank0[k] for k in (1, 2)} == {k: rank1[k] for k in (1, 2)} == {1: True, 2: True}
+    # step 3: rank 1 wrote a saved tensor without fencing; both ranks report it, nothing is committed
+    assert "rank 1 failed to write step 3" in rank0["error"]
+    assert f"tensor {rank1['written']!r} was written in place" in rank1["error"]
     assert (tmp_path / "latest").read_text().strip() == "step_00000002"
+    assert not (tmp_path / "step_00000003").exists()

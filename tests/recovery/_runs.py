@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import random
+import signal
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -75,3 +80,79 @@ def digest(tensors: dict[str, torch.Tensor]) -> str:
         sha.update(name.encode())
         sha.update(tensors[name].contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return sha.hexdigest()
+
+
+@dataclass(frozen=True)
+class KilledAndResumed:
+    reference: Path
+    """Run dir of the uninterrupted run."""
+    resumed: Path
+    """Run dir of the run SIGKILLed after a checkpoint and rerun."""
+    killed_at: int
+    """Steps logged when the kill came."""
+    resume_from: int
+    """The step the rerun resumed at (`latest` after the kill)."""
+    context: str
+    """The random kill point and its seed, for failure messages."""
+
+
+def kill_after_a_checkpoint_and_rerun(
+    template: Path, tmp_path: Path, steps: int, every: int, timeout_s: float = 120
+) -> KilledAndResumed:
+    """Start `template` twice side by side; SIGKILL the second at a random step after a committed
+    checkpoint (> `every` steps logged, before the last checkpoint); rerun it (resume=auto) to the end."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    kill_after = random.Random(seed).randint(every + 1, steps - every - 1)  # steps logged before the kill
+    context = f"(kill after {kill_after} logged steps; seed {seed})"
+    reference = start_run(template, tmp_path / "ref", log=tmp_path / "ref.log")
+    victim = start_run(template, tmp_path / "run", log=tmp_path / "run.log")
+    deadline = time.monotonic() + timeout_s
+    while victim.poll() is None and time.monotonic() < deadline:  # kill after a committed checkpoint
+        if any((tmp_path / "run").glob("*/*/metrics.jsonl")):
+            run_dir = run_dir_of(tmp_path / "run")
+            if steps_logged(run_dir) >= kill_after and latest_step(run_dir / "checkpoints"):
+                break
+        time.sleep(0.01)
+    victim.send_signal(signal.SIGKILL)
+    assert victim.wait(timeout=30) == -signal.SIGKILL, f"the run ended before the kill {context}"
+    run_dir = run_dir_of(tmp_path / "run")
+    killed_at = steps_logged(run_dir)
+    resume_from = latest_step(run_dir / "checkpoints")
+    assert resume_from is not None and 0 < resume_from <= killed_at < steps, (resume_from, killed_at, context)
+    resumed = start_run(template, tmp_path / "run", log=tmp_path / "run.log")
+    assert resumed.wait(timeout=timeout_s) == 0, (tmp_path / "run.log").read_text()[-3000:]
+    assert reference.wait(timeout=timeout_s) == 0, (tmp_path / "ref.log").read_text()[-3000:]
+    run_log, ref_log = (tmp_path / "run.log").read_text(), (tmp_path / "ref.log").read_text()
+    assert f"at step {resume_from}" in run_log  # it really resumed there
+    assert "written in place" not in run_log + ref_log  # every async save was fenced before its writes
+    return KilledAndResumed(run_dir_of(tmp_path / "ref"), run_dir, killed_at, resume_from, context)
+
+
+def assert_kill_and_rerun_is_exactly_once(
+    template: Path, tmp_path: Path, steps: int, every: int, train_size: int, batch: int
+) -> None:
+    """`kill_after_a_checkpoint_and_rerun` ends exactly as the uninterrupted run (`assert_exactly_once`),
+    with an epoch boundary (`train_size` rows, `batch` per step) crossed after the resume point."""
+    runs = kill_after_a_checkpoint_and_rerun(template, tmp_path, steps, every)
+    assert_exactly_once(runs, steps)
+    assert (runs.resume_from * batch) // train_size < (steps * batch) // train_size, runs.context
+
+
+def assert_exactly_once(runs: KilledAndResumed, steps: int) -> None:
+    """Every step logged once with bitwise equal metrics (wall-clock ones aside; + the final evaluation as
+    step `steps`), and the final checkpoints (parameters, AdamW state) bitwise equal."""
+    rows, expected = metric_rows(runs.resumed), metric_rows(runs.reference)
+    assert [r["step"] for r in rows] == list(range(steps + 1)), runs.context
+    assert rows == expected, runs.context  # bitwise: JSON floats round-trip exactly
+    ref_state = final_tensors(runs.reference / "checkpoints")
+    got_state = final_tensors(runs.resumed / "checkpoints")
+    assert latest_step(runs.resumed / "checkpoints") == steps
+    assert ref_state.keys() == got_state.keys()
+    assert any(".optim.exp_avg_sq." in k for k in got_state) and any(".optim.step." in k for k in got_state)
+    for name in ref_state:
+        assert torch.equal(ref_state[name], got_state[name]), f"{name} differs {runs.context}"
+    assert digest(ref_state) == digest(got_state)
+    print(
+        f"killed after {runs.killed_at} steps, resumed at {runs.resume_from}, "
+        f"final sha256={digest(got_state)}"
+    )
