@@ -12,7 +12,7 @@
 | shards.py       | `ShardedTensor` (local tensor = one hyperslab of a named global tensor), `ShardSpec`, `Box`, dtypes, the caller contract (fused tensors = several logical tensors, replicas written once) |
 | plan.py         | one metadata all-gather -> owner of every shard (lowest rank of its replicas), file and dataset names |
 | rankfile.py     | one rank's HDF5 file: contiguous datasets, raw `pwrite` of the bytes, fsync, segment checksums |
-| integrity.py    | fsync helpers, durable small writes, SHA-256 segments aligned to dataset boundaries |
+| integrity.py    | fsync helpers, durable small writes, XXH3-128 segment checksums aligned to dataset boundaries |
 | manifest.py     | `manifest.json` schema (shapes, dtypes, shards, files, checksums, fingerprints, RNG, state) |
 | save.py         | write -> per-rank record -> rank 0 commits; sync path with failure agreement |
 | commit.py       | `step_N.tmp-*` -> `step_N` -> `latest`; keep-last-k; leftovers of crashes |

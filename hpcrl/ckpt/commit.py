@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import threading
 from pathlib import Path
 
 from hpcrl.ckpt.integrity import fsync_dir, write_durable
@@ -74,19 +75,32 @@ def commit(tmp: Path, root: Path, step: int) -> Path:
     return final
 
 
-def prune(root: Path, keep_last: int, token: str) -> list[Path]:
-    """Delete all but the newest `keep_last` committed checkpoints (never `latest`'s target)."""
+def prune(root: Path, keep_last: int, token: str, *, background: bool = False) -> list[Path]:
+    """Delete all but the newest `keep_last` committed checkpoints (never `latest`'s target).
+
+    Each goes first to a `.trash-` name (one atomic rename: from then on no reader sees it), then its
+    files are deleted. With `background` the deletion runs in a daemon thread: unlinking a large file
+    costs ~25 ms per 128 MiB on ext4 (seconds on parallel filesystems), and a sync save should not wait
+    for it. Trash that outlives the process is removed before the next save (`remove_leftovers`)."""
     latest = read_latest(root)
-    removed = []
+    removed, trash = [], []
     for index, (step, path) in enumerate(committed(root)):
         if index < keep_last or path == latest:
             continue
-        trash = root / f"{step_name(step)}.trash-{token}"
-        os.rename(path, trash)
+        trash.append(root / f"{step_name(step)}.trash-{token}")
+        os.rename(path, trash[-1])
         fsync_dir(root)
-        shutil.rmtree(trash, ignore_errors=True)
         removed.append(path)
+    if background and trash:
+        threading.Thread(target=_delete_all, args=(trash,), name="hpcrl-ckpt-prune", daemon=True).start()
+    else:
+        _delete_all(trash)
     return removed
+
+
+def _delete_all(paths: list[Path]) -> None:
+    for path in paths:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def remove_leftovers(root: Path, keep: Path | None = None) -> None:

@@ -1,8 +1,14 @@
 """Durability (fsync) and integrity (block checksums) of checkpoint files.
 
-A file's checksum is a list of SHA-256 digests of byte segments (stdlib hashlib: ~1.6 GB/s with SHA-NI,
-no new dependency). Segment boundaries fall on dataset boundaries, so a reader verifies only the
-datasets it is about to read (plus the HDF5 structure), and a mismatch names the one damaged tensor.
+A file's checksum is a list of digests of byte segments. Segment boundaries fall on dataset boundaries,
+so a reader verifies only the datasets it is about to read (plus the HDF5 structure), and a mismatch
+names the one damaged tensor.
+
+Digests are XXH3-128 (`xxhash`), written as "xxh3_128:<hex>": ~28 GB/s on this VM against SHA-256's
+1.7 GB/s (with SHA-NI), so an async save's background checksum no longer competes with training for
+the CPU (77 ms -> 4.5 ms per 128 MiB). The checksums guard against torn, truncated and bit-flipped
+files, not against an adversary, which is what a non-cryptographic 128-bit hash is for. Digests
+without a prefix are SHA-256 (checkpoints written before the switch) and still verify.
 """
 
 from __future__ import annotations
@@ -13,6 +19,12 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import xxhash
+
+CHECKSUM = "xxh3_128"
+"""The algorithm new checkpoints use (see the module docstring)."""
+LEGACY_CHECKSUM = "sha256"
+"""The algorithm of an unprefixed digest."""
 SEGMENT_BYTES = 4 << 20
 HASH_WORKERS = 2
 """hashlib and os.pread release the GIL: two workers keep both cores busy on big files."""
@@ -68,21 +80,36 @@ def hash_segments(
     *,
     workers: int = HASH_WORKERS,
     in_memory: Callable[[int, int], memoryview | None] | None = None,
+    algorithm: str = CHECKSUM,
 ) -> list[str]:
-    """SHA-256 of each byte range of the file. `in_memory(start, stop)` may return the bytes of a range
-    that are still in memory (the writer's own buffers: no second pass over the file)."""
+    """Digest of each byte range of the file (`segment_digest`). `in_memory(start, stop)` may return the
+    bytes of a range that are still in memory (the writer's own buffers: no second pass over the file)."""
     fd = os.open(path, os.O_RDONLY)
     try:
 
         def one(segment: tuple[int, int]) -> str:
             start, stop = segment
             data = in_memory(start, stop) if in_memory is not None else None
-            return hashlib.sha256(os.pread(fd, stop - start, start) if data is None else data).hexdigest()
+            return segment_digest(os.pread(fd, stop - start, start) if data is None else data, algorithm)
 
         with ThreadPoolExecutor(workers) as pool:
             return list(pool.map(one, segments))
     finally:
         os.close(fd)
+
+
+def segment_digest(data: bytes | memoryview, algorithm: str = CHECKSUM) -> str:
+    """One segment's digest: "xxh3_128:<hex>", or bare hex for the legacy SHA-256."""
+    if algorithm == CHECKSUM:
+        return f"{CHECKSUM}:{xxhash.xxh3_128(data).hexdigest()}"
+    if algorithm == LEGACY_CHECKSUM:
+        return hashlib.sha256(data).hexdigest()
+    raise ValueError(f"unknown checksum algorithm {algorithm!r}")
+
+
+def algorithm_of(digest: str) -> str:
+    """The algorithm that produced `digest` (its prefix; none = the legacy SHA-256)."""
+    return digest.split(":", 1)[0] if ":" in digest else LEGACY_CHECKSUM
 
 
 def file_digest(digests: list[str]) -> str:

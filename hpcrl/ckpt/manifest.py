@@ -5,7 +5,7 @@
                        whatever the parallel layout
     shard_fingerprint  sha256 over every shard's box and file: same parallel layout <=> same value
     tensors            name -> {global_shape, dtype, partition, shards: [{offset, shape, file, dataset}]}
-    files              file -> {size, segments: [[start, stop, sha256]...], digest, byte_offsets: {dataset: int}}
+    files              file -> {size, segments: [[start, stop, digest]...], digest, byte_offsets: {dataset: int}}
     rng                group rank -> capture_rng() of that rank
     state              RunState (step, data cursor, algorithm state, run id, tracker run id, restart count)
 
@@ -58,7 +58,7 @@ class TensorEntry:
 class FileEntry:
     size: int
     segments: list[tuple[int, int, str]]
-    """(start byte, stop byte, sha256) covering the file; boundaries on dataset boundaries."""
+    """(start byte, stop byte, digest) covering the file; boundaries on dataset boundaries (integrity.py)."""
     digest: str
     byte_offsets: dict[str, int]
 

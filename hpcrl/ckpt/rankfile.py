@@ -31,7 +31,7 @@ class FileRecord:
     file: str
     size: int
     segments: list[tuple[int, int, str]]
-    """(start, stop, sha256) covering the file."""
+    """(start, stop, digest) covering the file (hpcrl.ckpt.integrity.segment_digest)."""
     byte_offsets: dict[str, int]
     """Dataset name -> byte offset of its data in the file (absent for empty datasets)."""
 

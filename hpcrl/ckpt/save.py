@@ -129,7 +129,9 @@ def commit_save(job: SaveJob) -> Path:
     fsync_dir(job.tmp)
     final = commit(job.tmp, job.root, job.state.step)
     check_committed(final)
-    prune(job.root, job.keep_last, job.plan.token)
+    # a sync save returns without waiting for old checkpoints' files to be deleted; an async save is
+    # in its writer thread already (one background thread at a time)
+    prune(job.root, job.keep_last, job.plan.token, background=not job.background)
     return final
 
 

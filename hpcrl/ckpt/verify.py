@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from hpcrl.ckpt.integrity import hash_segments
+from hpcrl.ckpt.integrity import algorithm_of, hash_segments
 from hpcrl.ckpt.manifest import CorruptCheckpoint, Manifest, read_manifest
 from hpcrl.ckpt.shards import itemsize
 
@@ -62,7 +62,12 @@ def verify_files(directory: Path, manifest: Manifest, needs: dict[str, set[str] 
         owners = segment_owners(manifest, file)
         wanted = needs[file]
         chosen = [i for i, ds in enumerate(owners) if wanted is None or ds is None or ds in wanted]
-        digests = hash_segments(path, [entry.segments[i][:2] for i in chosen])
+        # one algorithm per file: the one its recorded digests name (older checkpoints: SHA-256)
+        algorithm = algorithm_of(entry.segments[0][2]) if entry.segments else None
+        try:
+            digests = hash_segments(path, [entry.segments[i][:2] for i in chosen], algorithm=algorithm)
+        except ValueError as err:
+            raise CorruptCheckpoint(f"{path}: {err}") from None
         labels = dataset_ranges(manifest, file)
         for index, digest in zip(chosen, digests, strict=True):
             start, stop, expected = entry.segments[index]

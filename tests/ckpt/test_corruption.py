@@ -129,3 +129,41 @@ def test_when_nothing_verifies_the_error_lists_every_candidate(two_steps):
         CorruptCheckpoint, match=r"no checkpoint verifies: .*rank_00000.h5.* \| .*manifest missing"
     ):
         load_checkpoint(two_steps, _specs(), fallback=True)
+
+
+def _rewrite_digests_as_sha256(step_dir) -> None:
+    """What a checkpoint written before the XXH3 switch holds: bare SHA-256 hex segment digests."""
+    import json
+
+    path = step_dir / "manifest.json"
+    data = json.loads(path.read_bytes())
+    for file, entry in data["files"].items():
+        raw = (step_dir / file).read_bytes()
+        entry["segments"] = [
+            [lo, hi, hashlib.sha256(raw[lo:hi]).hexdigest()] for lo, hi, _ in entry["segments"]
+        ]
+    path.write_text(json.dumps(data))
+
+
+def test_new_checkpoints_use_xxh3_and_legacy_sha256_checkpoints_still_verify_and_catch_a_flip(two_steps):
+    step = two_steps / "step_00000002"
+    digests = [d for f in read_manifest(step).files.values() for _, _, d in f.segments]
+    assert digests and all(d.startswith("xxh3_128:") and len(d) == len("xxh3_128:") + 32 for d in digests)
+    _rewrite_digests_as_sha256(step)
+    assert all(":" not in d for f in read_manifest(step).files.values() for _, _, d in f.segments)
+    verify_directory(step)  # the legacy algorithm is taken from the digests themselves
+    pattern = _corrupt_flip(two_steps)
+    with pytest.raises(CorruptCheckpoint, match=pattern):
+        verify_directory(step)
+
+
+def test_a_digest_of_an_unknown_algorithm_is_a_corrupt_checkpoint_naming_the_file(two_steps):
+    import json
+
+    step = two_steps / "step_00000002"
+    data = json.loads((step / "manifest.json").read_bytes())
+    for entry in data["files"].values():
+        entry["segments"] = [[lo, hi, "md4:00"] for lo, hi, _ in entry["segments"]]
+    (step / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(CorruptCheckpoint, match=r"rank_00000\.h5: unknown checksum algorithm 'md4'"):
+        verify_directory(step)
