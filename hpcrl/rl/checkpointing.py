@@ -2,7 +2,8 @@
 job (hpcrl.rl.job) and offline DPO (hpcrl.rl.dpo) share it.
 
 Saved: the trainers' parameters and AdamW state as shards, one prefix per trainer ("actor." / "critic."),
-the data cursor of the job's `PromptSampler`, the step, RNG states. Not saved: the reference model (it is
+the data cursor of the job's `PromptSampler`, the step, RNG states, an fp16 trainer's loss-scale state
+(`RunState.algorithm_state["loss_scale"]`). Not saved: the reference model (it is
 rebuilt from the same init or HF directory) and the rollout engine (it receives the actor's weights at the
 start of every step). Saves are async when `checkpoint.async_save`: every saved trainer fences the
 in-flight save before its optimizer step (`Trainer.add_pre_step_hook(checkpointer.fence)`), the first
@@ -46,6 +47,8 @@ if TYPE_CHECKING:
     from hpcrl.train.trainer import Trainer
 
 log = logging.getLogger(__name__)
+LOSS_SCALE = "loss_scale"
+"""RunState.algorithm_state key: {trainer prefix: its fp16 loss-scale state} (absent without fp16)."""
 
 
 def cut_metrics_back(path: Path, resume_step: int) -> int:
@@ -126,6 +129,9 @@ class RLCheckpointing:
         loaded = self.checkpointer.load(specs, fallback=True)
         for prefix, trainer in self.trainers.items():
             load_into_trainer(trainer, loaded.tensors, prefix)
+        loss_scales = loaded.state.algorithm_state.get(LOSS_SCALE, {})
+        for prefix, trainer in self.trainers.items():
+            trainer.load_scaler_state(loss_scales.get(prefix, {}))
         if loaded.rng is not None:
             restore_rng(loaded.rng)
         self.data.sampler = PromptSampler(
@@ -143,9 +149,11 @@ class RLCheckpointing:
         for prefix, trainer in self.trainers.items():
             shards += trainer_shards(trainer, prefix)
             extra["models"].update(model_extra(trainer, prefix)["models"])
+        loss_scales = {prefix: s for prefix, t in self.trainers.items() if (s := t.scaler_state())}
         state = RunState(
             step=completed_steps,
             data_cursor=self.data.sampler.cursor.to_dict(),
+            algorithm_state={LOSS_SCALE: loss_scales} if loss_scales else {},
             restart_count=restart_count(),
         )
         p = self.cfg.parallel

@@ -154,6 +154,18 @@ class MegatronUpdate:
     def loss_scale(self) -> float:
         return float(self.optimizer.get_loss_scale())
 
+    def scaler_state(self) -> dict:
+        """megatron's dynamic grad scaler state, JSON-able ({} without fp16)."""
+        scaler = self._dist_opt.grad_scaler
+        if scaler is None:
+            return {}
+        return {k: float(v) if torch.is_tensor(v) else v for k, v in scaler.state_dict().items()}
+
+    def load_scaler_state(self, state: dict) -> None:
+        scaler = self._dist_opt.grad_scaler
+        if scaler is not None and state:
+            scaler.load_state_dict({**state, "scale": torch.tensor([float(state["scale"])])})
+
     def step(self, before_step: Callable[[], None]) -> tuple[float, bool]:
         """Reduce-scatter grads, norm, clip, step the local shard, all-gather params.
         Returns (pre-clip grad norm, stepped)."""

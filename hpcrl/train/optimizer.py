@@ -117,6 +117,13 @@ class DynamicLossScale:
         if self._clean_steps == self.growth_interval:
             self.scale, self._clean_steps = self.scale * 2, 0
 
+    def state_dict(self) -> dict[str, float]:
+        """JSON-able state (saved with a checkpoint's run state: an fp16 resume continues the same scale)."""
+        return {"scale": self.scale, "clean_steps": self._clean_steps}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.scale, self._clean_steps = float(state["scale"]), int(state["clean_steps"])
+
 
 def grad_norm(
     model: torch.nn.Module,
@@ -183,6 +190,14 @@ class TorchUpdate:
 
     def loss_scale(self) -> float:
         return self.scaler.scale if self.scaler is not None else 1.0
+
+    def scaler_state(self) -> dict:
+        """The dynamic loss scale's state ({} without fp16)."""
+        return self.scaler.state_dict() if self.scaler is not None else {}
+
+    def load_scaler_state(self, state: dict) -> None:
+        if self.scaler is not None and state:
+            self.scaler.load_state_dict(state)
 
     def step(self, before_step: Callable[[], None]) -> tuple[float, bool]:
         """Sync, norm, clip and step; returns (pre-clip grad norm, stepped). `before_step` runs right

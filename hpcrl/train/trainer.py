@@ -175,6 +175,14 @@ class Trainer:
         that exist; {} for a reference model). Collective over DP with megatron's distributed optimizer."""
         return self.update_step.param_state(param) if self.update_step is not None else {}
 
+    def scaler_state(self) -> dict:
+        """fp16 loss-scale state of the update step ({} when there is none): part of a checkpoint."""
+        return self.update_step.scaler_state() if self.update_step is not None else {}
+
+    def load_scaler_state(self, state: dict) -> None:
+        if self.update_step is not None:
+            self.update_step.load_scaler_state(state)
+
     def load_param_state(self, param: torch.nn.Parameter, value: torch.Tensor, state: dict | None) -> None:
         """Set `param` to `value` (and its master), and its optimizer state when `state` is given."""
         if self.update_step is None:

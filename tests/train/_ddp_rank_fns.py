@@ -183,3 +183,43 @@ def _owned_fraction(trainer) -> float:
         end - start for p in trainer.model.parameters() if (o := update._owned(p)) for start, end in [o[0]]
     )
     return owned / sum(p.numel() for p in trainer.model.parameters())
+
+
+def fp16_loss_scale_survives_a_checkpoint(rank: int, world_size: int, run_dir: str) -> dict:
+    """fp16 actor whose first update overflows at 2^16 (the scale halves); the RL checkpointing saves it
+    in the run state and a fresh trainer resumed through it continues at the halved scale."""
+    from types import SimpleNamespace
+
+    from hpcrl.config.experiment import ExperimentConfig
+    from hpcrl.data.cursor import DataCursor, PromptSampler
+    from hpcrl.rl.checkpointing import RLCheckpointing
+
+    groups = build_train_groups(1, 1, 1)
+    cfg = tiny_config(dtype="float16")
+
+    def trainer():
+        t = build_policy_trainer(cfg, OptimizerConfig(lr=1e-3, micro_batch_size=MICRO_BATCH), groups)
+        load_full_state_dict(t.model, random_full_state_dict(cfg, seed=3), cfg, groups)
+        return t
+
+    def huge_loss(outputs, mb):  # x 1e4 at scale 2^16 overflows fp16 (max 65504)
+        loss, metrics = policy_loss(outputs, mb)
+        return loss * 1e4, metrics
+
+    exp = ExperimentConfig()
+    exp.checkpoint.async_save = False
+    data = SimpleNamespace(sampler=PromptSampler(list(range(8)), DataCursor(seed=0)))
+    saved = trainer()
+    skipped = saved.update(tiny_batch(cfg), huge_loss)["update_skipped_nonfinite"]
+    ckpt = RLCheckpointing(exp, run_dir, {"actor.": saved}, data)
+    ckpt.save(1)
+    ckpt.close(1)
+    resumed = trainer()
+    fresh_scale = resumed.update_step.loss_scale()
+    RLCheckpointing(exp, run_dir, {"actor.": resumed}, data).resume()
+    return {
+        "skipped": skipped,
+        "saved": saved.scaler_state(),
+        "fresh_scale": fresh_scale,
+        "resumed": resumed.scaler_state(),
+    }

@@ -248,3 +248,13 @@ def test_dynamic_loss_scale_halves_on_overflow_and_doubles_after_clean_steps():
     for _ in range(2):
         scale.update(finite=True)
     assert scale.scale == 512.0
+
+
+def test_fp16_loss_scale_is_saved_with_the_run_state_and_restored_on_resume(tmp_path):
+    from tests.train import _ddp_rank_fns as ddp_fns
+
+    [result] = run_ranks(ddp_fns.fp16_loss_scale_survives_a_checkpoint, 1, str(tmp_path))
+    assert result["skipped"] == 1.0  # the overflow skipped the step and halved the scale
+    assert result["saved"] == {"scale": 2.0**15, "clean_steps": 0}
+    assert result["fresh_scale"] == 2.0**16
+    assert result["resumed"] == result["saved"]
