@@ -2,14 +2,17 @@
 
 The signal handler only sets a flag (saving inside a handler could interrupt a collective). At each
 step boundary `SaveTrigger.decide(step, group)` turns the local reasons into one decision that every rank
-shares (a 3-element MAX all-reduce), because ranks receive signals at slightly different moments:
+shares (a 4-element MAX all-reduce), because ranks receive signals at slightly different moments:
 
     periodic    every_steps > 0 and step % every_steps == 0
     requested   a signal (e.g. `--signal=B:USR1@90`, forwarded to the ranks) or `request()` (submitit's
                 USR2 on every rank, relayed by hpcrl.launcher.element.on_requeue) since the last decision
+    terminating `terminate()`: Slurm is ending the job (SIGTERM of a preemption, `scontrol requeue` or
+                scancel, relayed by hpcrl.launcher.element.on_terminate); it kills it KillWait later
     deadline    time left < safety · (slowest step + slowest save), time left measured from Slurm once
                 at start (`squeue -h -j $SLURM_JOB_ID -o %L`) and counted down locally
-    -> save = any of them; stop = requested or deadline (the caller saves, then exits for the requeue).
+    -> save = any of them; stop = requested, deadline or terminating; requeue = stop unless terminating
+       (the caller saves, then exits: for its own requeue, or leaving the job's fate to Slurm).
 On restart the run resumes from `latest`; the restart count is SLURM_RESTART_COUNT.
 """
 
@@ -71,6 +74,9 @@ class SaveDecision:
     save: bool
     stop: bool
     reasons: tuple[str, ...]
+    requeue: bool = False
+    """Stop AND ask for a requeue (requested / deadline). A terminating job is not requeued by us:
+    Slurm requeues a preempted or `scontrol requeue`d job itself and a cancelled one must stay ended."""
 
 
 class SaveTrigger:
@@ -89,6 +95,7 @@ class SaveTrigger:
         self._clock = clock
         self._deadline = None if time_left_s is None else clock() + time_left_s
         self._requested = False
+        self._terminating = False
         self._slowest_step_s = 0.0
         self._slowest_save_s = 0.0
 
@@ -99,6 +106,11 @@ class SaveTrigger:
     def request(self) -> None:
         """Ask for a save-and-stop at the next step boundary (safe to call from a signal handler)."""
         self._requested = True
+
+    def terminate(self) -> None:
+        """Slurm is ending the job: save and stop at the next step boundary, without a requeue of our own
+        (safe to call from a signal handler)."""
+        self._terminating = True
 
     def install_signal_handler(self, signum: int = signal.SIGUSR1) -> None:
         signal.signal(signum, lambda *_: self.request())
@@ -119,13 +131,14 @@ class SaveTrigger:
             self.every_steps > 0 and step % self.every_steps == 0,
             self._requested,
             left is not None and left < self.safety * (self._slowest_step_s + self._slowest_save_s),
+            self._terminating,
         ]
         self._requested = False
         flags = torch.tensor([int(f) for f in local], dtype=torch.int64)
         if group is not None:
             dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)
-        periodic, requested, deadline = (bool(f) for f in flags.tolist())
-        reasons = tuple(
-            n for n, f in zip(("periodic", "requested", "deadline"), flags.tolist(), strict=True) if f
-        )
-        return SaveDecision(save=bool(reasons), stop=requested or deadline, reasons=reasons)
+        _, requested, deadline, terminating = (bool(f) for f in flags.tolist())
+        names = ("periodic", "requested", "deadline", "terminating")
+        reasons = tuple(n for n, f in zip(names, flags.tolist(), strict=True) if f)
+        stop = requested or deadline or terminating
+        return SaveDecision(save=bool(reasons), stop=stop, reasons=reasons, requeue=stop and not terminating)

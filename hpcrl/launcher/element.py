@@ -16,6 +16,13 @@ REQUEUED) and `scontrol requeue`s the element; the restarted element resumes fro
 registered callback (an entrypoint that saves nothing) the element is not requeued: it would restart
 from scratch. A signal that arrives after the last step (the run completes) requeues nothing either.
 The same `stop_for_requeue()` path serves a save made before the time limit without any signal.
+
+Termination path: a preemption (PreemptMode=REQUEUE), `scontrol requeue` or scancel sends SIGTERM to every
+rank and SIGKILL KillWait seconds later (submitit's own handler only logs SIGTERM). Under submitit every
+rank relays it to the callbacks registered with `on_terminate` (the RL job's: "save and stop at the next
+step boundary"); an entrypoint that saved and stopped calls `stop_for_termination()`, and the element
+exits without a requeue of its own: Slurm requeues a preempted or requeued job itself (it then resumes
+exactly where it stopped) and a cancelled one stays ended.
 Rank 0 keeps `<run_dir>/launcher.json` up to date (state, job id, restart count) for `hpcrl status`.
 
 Run as a module (`python -m hpcrl.launcher.element CONFIG RUN_DIR`) it is one rank of a local run.
@@ -49,8 +56,12 @@ LAUNCHER_STATE = "launcher.json"
 REQUEUE_SIGNAL = signal.SIGUSR2
 """submitit's warning signal on Slurm (`--signal=USR2@<cluster.signal_delay_s>`)."""
 
+TERMINATE_SIGNAL = signal.SIGTERM
+"""Slurm's 'this job ends now' (preemption, requeue, cancel); SIGKILL follows KillWait seconds later."""
+
 _requeue_callbacks: list[Callable[[], None]] = []
-_flags = {"signalled": False, "stop_for_requeue": False}
+_terminate_callbacks: list[Callable[[], None]] = []
+_flags = {"signalled": False, "stop_for_requeue": False, "terminating": False, "stopped": False}
 # Process-local (one per rank process), not distributed state: signal handlers can't take arguments.
 
 
@@ -62,6 +73,28 @@ def on_requeue(callback: Callable[[], None]) -> Callable[[], None]:
     if _flags["signalled"]:
         callback()
     return lambda: _requeue_callbacks.remove(callback) if callback in _requeue_callbacks else None
+
+
+def on_terminate(callback: Callable[[], None]) -> Callable[[], None]:
+    """Register `callback()` to run on this rank when Slurm is terminating the element (SIGTERM under
+    submitit; runs inside a signal handler: only set a flag). Returns a function that unregisters it."""
+    _terminate_callbacks.append(callback)
+    if _flags["terminating"]:
+        callback()
+    return lambda: _terminate_callbacks.remove(callback) if callback in _terminate_callbacks else None
+
+
+def stop_for_termination() -> None:
+    """Called by an entrypoint that saved and stopped because Slurm is terminating the element: it ends
+    without being reported COMPLETED and without a requeue of its own."""
+    _flags["stopped"] = True
+
+
+def _on_sigterm(signum, frame) -> None:
+    _flags["terminating"] = True
+    print(f"hpcrl: {signal.Signals(signum).name}: Slurm is ending the job", file=sys.stderr, flush=True)
+    for callback in list(_terminate_callbacks):
+        callback()
 
 
 def stop_for_requeue() -> None:
@@ -170,7 +203,8 @@ def _run_rank(cfg: ExperimentConfig, env: DistEnv, run_dir: Path) -> Any:
     submitit_handler = _submitit_handler()
     if submitit_handler is not None and threading.current_thread() is threading.main_thread():
         signal.signal(REQUEUE_SIGNAL, _relay(submitit_handler))
-    _flags.update(signalled=False, stop_for_requeue=False)
+        signal.signal(TERMINATE_SIGNAL, _on_sigterm)
+    _flags.update(signalled=False, stop_for_requeue=False, terminating=False, stopped=False)
     if env.rank == 0:
         restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
         _write_state(
@@ -199,6 +233,10 @@ def _run_rank(cfg: ExperimentConfig, env: DistEnv, run_dir: Path) -> Any:
         if _flags["stop_for_requeue"]:
             _requeue(submitit_handler, env.rank)
             return result
+    if _flags["stopped"]:  # saved on SIGTERM: Slurm decides what comes next (requeue or the end)
+        if env.rank == 0:
+            _write_state(run_dir, state="STOPPED", stopped=time.time())
+        return result
     if env.rank == 0:
         _write_state(run_dir, state="COMPLETED", finished=time.time())
     return result

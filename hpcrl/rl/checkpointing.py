@@ -12,8 +12,10 @@ reshard engine and the rollout engines only read the training shards).
 When to save is `hpcrl.ckpt.trigger.SaveTrigger`: every `checkpoint.every_steps`, on SIGUSR1 (plain
 `sbatch --signal=B:USR1@N`) or submitit's USR2 (relayed by hpcrl.launcher.element.on_requeue), and before
 the time limit; a requested or deadline save also stops the run and asks the launcher to requeue it
-(`stop_for_requeue`). `RunState.step` counts completed steps, so a resumed run starts at that step, and
-metrics.jsonl is cut back to the steps before it (those after it are redone: each step is logged once).
+(`stop_for_requeue`); on SIGTERM (preemption, `scontrol requeue`) it saves and stops without one, and the
+job Slurm restarts resumes at that step. `RunState.step` counts completed steps, so a resumed run starts
+at that step, and metrics.jsonl is cut back to the steps before it (those after it are redone: each step
+is logged once).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from hpcrl.ckpt.state import RunState, restore_rng
 from hpcrl.ckpt.trigger import SaveTrigger, restart_count
 from hpcrl.config.experiment import ExperimentConfig
 from hpcrl.data.cursor import DataCursor, PromptSampler
-from hpcrl.launcher.element import on_requeue, stop_for_requeue
+from hpcrl.launcher.element import on_requeue, on_terminate, stop_for_requeue, stop_for_termination
 from hpcrl.metrics.sinks import METRICS_FILE
 
 if TYPE_CHECKING:
@@ -108,7 +110,10 @@ class RLCheckpointing:
         )
         if threading.current_thread() is threading.main_thread():
             self.trigger.install_signal_handler(signal.SIGUSR1)  # plain `sbatch --signal=B:USR1@N`
-        self._removers: list[Callable[[], None]] = [on_requeue(self.trigger.request)]  # submitit's USR2
+        self._removers: list[Callable[[], None]] = [
+            on_requeue(self.trigger.request),  # submitit's USR2 before the time limit
+            on_terminate(self.trigger.terminate),  # SIGTERM: preemption, scontrol requeue, scancel
+        ]
         # the optimizer step is the first in-place write of what an async save copies in the background
         self._removers += [t.add_pre_step_hook(self.checkpointer.fence) for t in self.trainers.values()]
         self._step_started = time.perf_counter()
@@ -174,8 +179,13 @@ class RLCheckpointing:
             self.save(step + 1)
         if decision.stop:
             self.checkpointer.wait()
-            log.warning("step %d: saved (%s), stopping for requeue", step + 1, ", ".join(decision.reasons))
-            stop_for_requeue()
+            why = ", ".join(decision.reasons)
+            if decision.requeue:
+                log.warning("step %d: saved (%s), stopping for requeue", step + 1, why)
+                stop_for_requeue()
+            else:
+                log.warning("step %d: saved (%s), stopping: Slurm is ending the job", step + 1, why)
+                stop_for_termination()
         self._step_started = time.perf_counter()
         return decision.stop
 

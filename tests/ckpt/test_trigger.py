@@ -60,3 +60,14 @@ def test_time_limit_rule_uses_the_slowest_step_and_save():
 def test_ranks_agree_when_only_one_rank_got_the_signal():
     decisions = run_ranks(trigger_agreement, 2)
     assert decisions == [(True, True, ("requested",))] * 2
+
+
+def test_terminating_saves_and_stops_without_a_requeue_of_its_own():
+    trigger = SaveTrigger(every_steps=0)
+    trigger.terminate()
+    decision = trigger.decide(3, None)
+    assert decision.save and decision.stop and not decision.requeue
+    assert decision.reasons == ("terminating",)
+    fresh = SaveTrigger(every_steps=0)
+    fresh.request()
+    assert fresh.decide(4, None).requeue  # a warning signal alone still asks for the requeue

@@ -27,7 +27,8 @@ def test_metrics_are_cut_back_in_place_under_an_open_append_handle(tmp_path):
 @pytest.fixture
 def clean_requeue_state(monkeypatch):
     monkeypatch.setattr(element, "_requeue_callbacks", [])
-    monkeypatch.setattr(element, "_flags", {"signalled": False, "stop_for_requeue": False})
+    monkeypatch.setattr(element, "_terminate_callbacks", [])
+    monkeypatch.setattr(element, "_flags", {k: False for k in element._flags})
 
 
 def test_a_signal_before_registration_reaches_the_callback_and_unregister_stops_it(clean_requeue_state):
@@ -38,3 +39,14 @@ def test_a_signal_before_registration_reaches_the_callback_and_unregister_stops_
     unregister()
     unregister()  # idempotent
     assert element._requeue_callbacks == []
+
+
+def test_sigterm_reaches_terminate_callbacks_and_a_late_registration_too(clean_requeue_state):
+    calls = []
+    unregister = element.on_terminate(lambda: calls.append("first"))
+    element._on_sigterm(element.TERMINATE_SIGNAL, None)
+    assert calls == ["first"] and element._flags["terminating"]
+    element.on_terminate(lambda: calls.append("late"))  # registered after the signal: told at once
+    assert calls == ["first", "late"]
+    unregister()
+    assert len(element._terminate_callbacks) == 1

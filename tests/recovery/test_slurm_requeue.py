@@ -7,8 +7,9 @@
    fixture `requeue_element` submits it (and starts the local reference run) the first time it is
    requested; tests/conftest.py moves the `background_start` test, which requests it, to the front of
    the session and the `background_check` test to the end. Run alone, the check simply waits.
-2. `scontrol requeue` of a running 2-node element: it restarts, resumes from its latest periodic
-   checkpoint, and `hpcrl status` shows restart count 1.
+2. `scontrol requeue` of a running 2-node element: Slurm's SIGTERM makes every rank save at the next step
+   boundary and stop; Slurm restarts it, it resumes where it stopped (no logged step lost), and
+   `hpcrl status` shows restart count 1.
 """
 
 from __future__ import annotations
@@ -190,8 +191,11 @@ def test_scontrol_requeue_of_a_running_two_node_element_resumes_it(slurm_cluster
     assert element["restarts"] == 1
     assert "restarts" in (out := hpcrl("status", str(sweep_dir))) and "│ 1 " in out.split("restarts")[1], out
     resumed_at = int(log.split("resumed from")[1].split("at step ")[1].split()[0])
-    # its latest periodic checkpoint (it ran on for KillWait=5 s after the requeue: maybe a newer one)
-    assert ckpt <= resumed_at < 20 and resumed_at % 4 == 0, (ckpt, resumed_at)
+    # Slurm's SIGTERM (KillWait=5 s before SIGKILL) reached both ranks; they saved at the next step
+    # boundary and stopped without a requeue of their own: the restart lost no step that was logged
+    assert "SIGTERM: Slurm is ending the job" in slurm_log(sweep_dir, rank=1), slurm_log(sweep_dir, 1)[-3000:]
+    assert "stopping: Slurm is ending the job" in log, log[-3000:]
+    assert logged_before <= resumed_at < 20, (logged_before, resumed_at)
     assert reference.wait(timeout=120) == 0
     final = assert_same_as_straight_run(run_dir, tmp_path / "ref", steps=20)
     print(f"requeued after {logged_before} logged steps, resumed at {resumed_at}, final sha256={final}")
