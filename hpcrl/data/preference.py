@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpcrl.data.config import DataConfig
-from hpcrl.data.sources import read_jsonl
+from hpcrl.data.sources import read_jsonl, split_heldout
 from hpcrl.data.tasks import Example, get_task, make_splits
 from hpcrl.errors import ConfigError, Problem
 
@@ -77,14 +77,4 @@ def load_preference_splits(cfg: DataConfig) -> tuple[list[PreferencePair], list[
         )
     if cfg.path is None:
         raise ConfigError(Problem("source 'jsonl' needs a path", key="data.path"))
-    pairs = read_preference_jsonl(Path(cfg.path), cfg.prompt_key)
-    if cfg.heldout_size >= len(pairs):
-        raise ConfigError(
-            Problem(
-                f"{cfg.heldout_size} held-out rows leave no training rows of {len(pairs)}",
-                file=cfg.path,
-                key="data.heldout_size",
-            )
-        )
-    cut = len(pairs) - cfg.heldout_size
-    return pairs[:cut], pairs[cut:]
+    return split_heldout(read_preference_jsonl(Path(cfg.path), cfg.prompt_key), cfg)

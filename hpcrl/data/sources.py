@@ -94,14 +94,19 @@ def load_splits(cfg: DataConfig) -> tuple[list[Example], list[Example]]:
     if cfg.source == "builtin":
         task = get_task(cfg.task)
         return make_splits(task, cfg.num_digits, cfg.train_size, cfg.heldout_size, cfg.shuffle_seed)
-    examples = read_examples(cfg)
-    if cfg.heldout_size >= len(examples):
+    return split_heldout(read_examples(cfg), cfg)
+
+
+def split_heldout(rows: list, cfg: DataConfig) -> tuple[list, list]:
+    """(train, held-out): the last `cfg.heldout_size` rows of a file are held out (at least one must
+    remain for training; else a ConfigError naming the file and data.heldout_size)."""
+    if cfg.heldout_size >= len(rows):
         raise ConfigError(
             Problem(
-                f"{cfg.heldout_size} held-out rows leave no training rows of {len(examples)}",
+                f"{cfg.heldout_size} held-out rows leave no training rows of {len(rows)}",
                 file=cfg.path,
                 key="data.heldout_size",
             )
         )
-    cut = len(examples) - cfg.heldout_size
-    return examples[:cut], examples[cut:]
+    cut = len(rows) - cfg.heldout_size
+    return rows[:cut], rows[cut:]

@@ -17,8 +17,8 @@ What megatron gives here (what a Megatron user expects from `--use-distributed-o
 Why GPU only: megatron-core's optimizer allocates with the string literal `device='cuda'` and checks
 `param.type() == 'torch.cuda.FloatTensor'` (optimizer.py, distrib_optimizer.py, clip_grads.py; see
 ../shared/FACTS.md), which no CPU mapping reaches. Its DDP runs on CPU (gloo) with hpcrl's compat shim,
-and tests/train/test_megatron_ddp.py checks the grad sync there; the optimizer half runs on CUDA
-(tests/train/test_gpu.py). `resolve_backend` picks this path on CUDA ("auto") and refuses it without.
+and tests/train/test_megatron_ddp.py checks the grad sync there; the optimizer half runs on CUDA, and in
+that test file on CPU only with megatron's CUDA device strings faked. `resolve_backend` picks this path on CUDA ("auto") and refuses it without.
 
 Same contract as hpcrl.train.optimizer.TorchUpdate: grads are SUMMED over micro-batches and DP (the
 trainer's loss is normalised with global counts; `calculate_per_token_loss=True` in the
@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -91,7 +91,7 @@ class MegatronUpdate:
 
         self.model, self.groups, self.cfg = model, groups, optim_cfg
         self.ddp = wrap_ddp(model, groups, optim_cfg)
-        dtype = model_cfg.dtype
+        dtype, fp16_scale = model_cfg.dtype, DynamicLossScale()  # one source for the fp16 scale defaults
         self.optimizer = get_megatron_optimizer(
             MegatronOptimizerConfig(
                 optimizer="adam",  # decoupled weight decay (AdamW) in TE/apex FusedAdam and torch's fallback
@@ -106,9 +106,9 @@ class MegatronUpdate:
                 fp16=dtype == "float16",
                 params_dtype=next(model.parameters()).dtype,
                 # fp16: the torch path's dynamic scale (halve on every overflow, double after 1000 clean steps)
-                initial_loss_scale=DynamicLossScale().scale,
-                loss_scale_window=DynamicLossScale().growth_interval,
-                min_loss_scale=DynamicLossScale().minimum,
+                initial_loss_scale=fp16_scale.scale,
+                loss_scale_window=fp16_scale.growth_interval,
+                min_loss_scale=fp16_scale.minimum,
                 hysteresis=1,
                 use_distributed_optimizer=True,
             ),
@@ -119,6 +119,9 @@ class MegatronUpdate:
         for group in self.optimizer.param_groups:  # no LR scheduler: a constant LR, as on the torch path
             group["lr"] = lr
         [self._dist_opt] = self.optimizer.chained_optimizers  # dense model: one DistributedOptimizer
+        # Adam moments exist once a step was taken (or loaded): the same on every rank, so a checkpoint
+        # knows without a collective which tensors every DP rank contributes
+        self._has_moments = False
 
     # ---------------------------------------------------------------------- the trainer's update protocol
     def zero_grads(self) -> None:
@@ -182,6 +185,7 @@ class MegatronUpdate:
             clip_grad_by_total_norm_fp32(self._dist_opt.get_parameters(), self.cfg.grad_clip, norm)
         before_step()
         self.optimizer.step_with_ready_grads()
+        self._has_moments = True
         return norm, True
 
     def _allreduce_tied_embedding_grads(self) -> None:
@@ -198,9 +202,7 @@ class MegatronUpdate:
         over DP from the distributed optimizer's flat shards. Collective over DP: every rank calls it
         for every parameter in the same order."""
         owned = self._owned(param)
-        stepped = torch.tensor([float(bool(self._dist_opt.optimizer.state))], device=param.device)
-        dist.all_reduce(stepped, op=dist.ReduceOp.MAX, group=self.groups.dp)  # moments exist (any rank)?
-        keys = ("master", *_ADAM_KEYS) if stepped.item() else ("master",)
+        keys = ("master", *_ADAM_KEYS) if self._has_moments else ("master",)
         full = {}
         for key in keys:
             flat = torch.zeros(param.numel(), dtype=torch.float32, device=param.device)
@@ -209,7 +211,7 @@ class MegatronUpdate:
                 flat[start:end] = tensors["param" if key == "master" else key].float()
             dist.all_reduce(flat, group=self.groups.dp)  # each element is owned by exactly one DP rank
             full[key] = flat.view(param.shape)
-        if stepped.item():
+        if self._has_moments:
             full["step"] = torch.tensor(float(self._step_count()))
         return full
 
@@ -224,7 +226,9 @@ class MegatronUpdate:
             self._dist_opt._init_optimizer_states_with_dummy_values()
             owned = self._owned(param)
         step = int(state["step"]) if state is not None else 0  # weights only: a fresh optimizer
-        self._set_step_count(step)
+        for group in self._dist_opt.optimizer.param_groups:  # TE/apex FusedAdam count steps per group
+            group["step"] = step
+        self._has_moments = state is not None
         if owned is None:
             return
         (start, end), current = owned
@@ -234,7 +238,7 @@ class MegatronUpdate:
                 new[key] = value.reshape(-1)[start:end]
             elif key in _ADAM_KEYS and state is not None:
                 new[key] = state[key].reshape(-1)[start:end]
-            elif key == "step":
+            elif key == "step":  # torch's AdamW counts steps per parameter
                 new[key] = torch.as_tensor(float(step)).to(tensor)
             else:
                 new[key] = tensor
@@ -250,17 +254,7 @@ class MegatronUpdate:
         return (rng.start, rng.end), opt._get_main_param_and_optimizer_states(param)
 
     def _step_count(self) -> int:
-        for state in self._iter_states():
+        for state in self._dist_opt.optimizer.state.values():
             if "step" in state:
                 return int(state["step"])
         return int(self._dist_opt.optimizer.param_groups[0].get("step", 0))
-
-    def _set_step_count(self, step: int) -> None:
-        for state in self._iter_states():
-            if "step" in state:
-                state["step"] = torch.tensor(float(step)) if torch.is_tensor(state["step"]) else step
-        for group in self._dist_opt.optimizer.param_groups:  # TE/apex FusedAdam count steps per group
-            group["step"] = step
-
-    def _iter_states(self) -> Iterator[dict]:
-        yield from self._dist_opt.optimizer.state.values()

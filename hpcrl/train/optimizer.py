@@ -25,7 +25,6 @@ Public: `MasterWeights`, `build_adamw`, `DynamicLossScale`, `TorchUpdate`, `grad
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
 from collections.abc import Callable
 
@@ -37,8 +36,6 @@ from hpcrl.errors import ConfigError, Problem
 from hpcrl.train import hf_convert
 from hpcrl.train.config import ModelConfig, OptimizerConfig
 from hpcrl.train.model import TrainGroups, is_tied, named_global_params
-
-log = logging.getLogger(__name__)
 
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
 

@@ -25,7 +25,7 @@ all-reduce, torch AdamW, unsharded fp32 masters of 16-bit params, fp16 loss scal
 `MegatronUpdate` (CUDA): megatron-core DDP + distributed optimizer (masters and moments sharded over DP).
 Hooks added with `add_pre_step_hook` run right before the step writes parameters and optimizer state.
 
-Public: `Trainer`, `build_policy_trainer`, `build_value_trainer`, `grad_norm`.
+Public: `Trainer`, `build_policy_trainer`, `build_value_trainer`.
 """
 
 from __future__ import annotations
@@ -47,10 +47,7 @@ from hpcrl.train.model import (
     build_model_from_hf,
     gather_full_state_dict,
 )
-from hpcrl.train.optimizer import (
-    build_update,
-    grad_norm,  # noqa: F401  (public here since before the move)
-)
+from hpcrl.train.optimizer import build_update
 from hpcrl.train.pipeline import LossFn, run_micro_batch
 
 log = logging.getLogger(__name__)
