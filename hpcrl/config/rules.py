@@ -100,26 +100,26 @@ def check_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
 
 
 def _model_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
-    model, par = cfg.model, cfg.parallel
-    if model.hf_path is not None:
-        return []  # the architecture comes from the HF directory; the trainer checks it there
-    out = []
-    for key, value, size, axis in (
-        ("model.num_attention_heads", model.num_attention_heads, par.tensor, "parallel.tensor"),
-        ("model.vocab_size", model.vocab_size, par.tensor, "parallel.tensor"),
-        ("model.num_layers", model.num_layers, par.pipeline, "parallel.pipeline"),
-    ):
-        if value % size:
-            out.append((key, f"{key.split('.')[1]}={value} must divide by {axis}={size}"))
-    if model.num_attention_heads % max(model.num_query_groups, 1):
-        out.append(
-            (
-                "model.num_query_groups",
-                f"num_attention_heads={model.num_attention_heads} must divide by "
-                f"num_query_groups={model.num_query_groups}",
-            )
-        )
-    return out
+    """The layout's divisibility rules for the model (ParallelLayout owns them: heads, kv heads vs t and
+    t_g, vocab, ffn, layers) and whether the rollout engine can run the generation layout."""
+    from hpcrl.dist.layout import ParallelLayout, model_problems
+    from hpcrl.errors import ConfigError
+    from hpcrl.rollout.factory import EngineFacts, resolve_engine
+
+    par = cfg.parallel
+    problems = []
+    try:
+        layout = ParallelLayout.from_config(par)
+    except ConfigError:
+        layout = None  # t_g | t and p_g | p: reported by check_rules above
+    if layout is not None and cfg.model.hf_path is None:  # else the HF directory's dims are checked there
+        problems += model_problems(layout, cfg.model)
+    facts = EngineFacts.for_element(gpus_per_node(cfg))
+    split = cfg.algorithm.placement == "split"
+    problems += resolve_engine(
+        cfg.rollout, par.rollout_tensor, par.rollout_pipeline, cfg.model, facts, split_placement=split
+    )[1]
+    return [(p.key or "parallel", p.message) for p in problems]
 
 
 def _required_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:

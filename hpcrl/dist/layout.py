@@ -177,6 +177,10 @@ class ParallelLayout:
     def rollout_data_groups(self) -> list[list[int]]:
         return self._rollout_groups(lambda c: (c.tensor, c.pipeline), lambda c: c.data)
 
+    def rollout_model_parallel_groups(self) -> list[list[int]]:
+        """The t_g·p_g ranks of one generation replica (same generation data index)."""
+        return self._rollout_groups(lambda c: c.data, lambda c: (c.pipeline, c.tensor))
+
     def stage_merge_groups(self) -> list[list[int]]:
         """Micro-DP members with the same training TP rank: they exchange TP-replicated parameters
         (norms) of the b merged pipeline stages. Size b; singletons when p_g = p."""
@@ -195,6 +199,7 @@ class ParallelLayout:
             "rollout_pipeline": self.rollout_pipeline_groups(),
             "micro_data": self.micro_data_groups(),
             "rollout_data": self.rollout_data_groups(),
+            "rollout_model_parallel": self.rollout_model_parallel_groups(),
             "stage_merge": self.stage_merge_groups(),
         }
 

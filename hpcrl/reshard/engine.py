@@ -105,16 +105,18 @@ class TrainingStore:
         }
 
 
-def assemble(gen: GenTensor, source) -> torch.Tensor:
+def assemble(gen: GenTensor, source, out: torch.Tensor | None = None) -> torch.Tensor:
     """Generation tensor from its pieces; `source(stream, member)` returns that member's flat stream.
 
-    A tensor made of one whole piece is returned as a view (no copy); otherwise it is built in a new tensor.
+    Without `out`, a tensor made of one whole piece is returned as a view (no copy); otherwise it is built
+    in a new tensor. With `out` (shape `gen.shape`) every piece is copied into it and `out` is returned.
     """
     first = gen.pieces[0]
     flat = source(first.stream, first.member)
-    if len(gen.pieces) == 1 and tuple(first.shape) == tuple(gen.shape):
+    if out is None and len(gen.pieces) == 1 and tuple(first.shape) == tuple(gen.shape):
         return flat[first.offset : first.offset + first.numel].view(gen.shape)
-    out = torch.empty(gen.shape, dtype=flat.dtype, device=flat.device)
+    if out is None:
+        out = torch.empty(gen.shape, dtype=flat.dtype, device=flat.device)
     for piece in gen.pieces:
         flat = source(piece.stream, piece.member)
         part = flat[piece.offset : piece.offset + piece.numel].view(piece.shape)

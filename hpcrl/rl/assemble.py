@@ -25,6 +25,7 @@ from hpcrl.metrics.logger import MetricsLogger
 from hpcrl.rl.driver import PromptCodec, RLDriver, Workers
 from hpcrl.rl.workers import ActorWorker, Pool, RolloutWorker, Shards, TrainerWorker
 from hpcrl.rollout.base import SamplingParams
+from hpcrl.rollout.factory import EngineFacts, resolve_engine
 
 
 def build_tokenizer(cfg: ExperimentConfig):
@@ -42,22 +43,6 @@ def build_tokenizer(cfg: ExperimentConfig):
     return build_char_tokenizer(ALPHABET, vocab_size=cfg.model.vocab_size)
 
 
-class ReshardHandoff:
-    """train -> rollout weight hand-off through the 3D-HybridEngine (hpcrl.reshard), once per sync."""
-
-    def __init__(self, engine, layout, rank: int, model_cfg):
-        self.engine, self.layout, self.rank, self.model_cfg = engine, layout, rank, model_cfg
-
-    def __call__(self, rollout: RolloutWorker) -> int:
-        from hpcrl.reshard.convert import rollout_weights
-
-        shard = self.engine.to_generation()
-        try:
-            return rollout.load_weights(rollout_weights(shard, self.layout, self.rank, self.model_cfg))
-        finally:
-            self.engine.to_training(shard)
-
-
 def has_second_pool_roles(cfg: ExperimentConfig) -> bool:
     """Whether the job has a critic (ppo) or a reference (kl_coef > 0): the roles of the second pool."""
     return cfg.algorithm.name == "ppo" or cfg.algorithm.kl_coef > 0
@@ -66,6 +51,27 @@ def has_second_pool_roles(cfg: ExperimentConfig) -> bool:
 def training_world(cfg: ExperimentConfig, world: int) -> int:
     """Ranks of one training layout: the world (colocated) or one of the two equal pools (split)."""
     return world * cfg.parallel.world_size // cfg.ranks_per_element
+
+
+def _resolve_rollout_engine(cfg: ExperimentConfig, facts: EngineFacts) -> tuple[str, list[Problem]]:
+    p = cfg.parallel
+    split = cfg.algorithm.placement == "split"
+    return resolve_engine(
+        cfg.rollout, p.rollout_tensor, p.rollout_pipeline, cfg.model, facts, split_placement=split
+    )
+
+
+def rollout_engine_problems(cfg: ExperimentConfig, facts: EngineFacts) -> list[Problem]:
+    """Whether the configured (or auto) rollout engine can run the generation layout and model source."""
+    return _resolve_rollout_engine(cfg, facts)[1]
+
+
+def rollout_engine_for(cfg: ExperimentConfig) -> str:
+    """The rollout engine this rank runs (ConfigError when it cannot run the config here)."""
+    name, problems = _resolve_rollout_engine(cfg, EngineFacts.here())
+    if problems:
+        raise ConfigError(problems)
+    return name
 
 
 def placement_problems(cfg: ExperimentConfig, world: int) -> list[Problem]:
@@ -170,12 +176,17 @@ def _build_actor_and_rollout(cfg: ExperimentConfig, tokenizer, pool: Pool, group
     from hpcrl.dist.layout import ParallelLayout
     from hpcrl.reshard.build import ENGINE_FAMILIES, build_reshard_engine
     from hpcrl.reshard.transport import make_groups
-    from hpcrl.rollout.factory import build_rollout_engine
-    from hpcrl.train.model import named_global_params
+    from hpcrl.rl.handoff import build_rollout_side
+    from hpcrl.train.model import build_generation_groups, named_global_params
     from hpcrl.train.trainer import build_policy_trainer
 
-    layout = ParallelLayout.from_config(cfg.parallel)  # the actor pool's ranks are [0, layout.world_size)
-    reshard_groups = make_groups(layout, ENGINE_FAMILIES, timeout_s=cfg.parallel.timeout_s)  # every rank
+    p = cfg.parallel
+    layout = ParallelLayout.from_config(p)  # the actor pool's ranks are [0, layout.world_size)
+    engine_name = rollout_engine_for(cfg)
+    reshard_groups = make_groups(layout, ENGINE_FAMILIES, timeout_s=p.timeout_s)  # every rank
+    generation_groups = (  # collective over every rank, like the reshard groups
+        build_generation_groups(layout, timeout_s=p.timeout_s) if engine_name == "megatron" else None
+    )
     world_group = dist.group.WORLD if world > 1 else None
     mbs = cfg.optim.micro_batch_size
     if rank not in pool:
@@ -185,10 +196,19 @@ def _build_actor_and_rollout(cfg: ExperimentConfig, tokenizer, pool: Pool, group
     model_cfg = trainer.model_cfg  # read from the HF directory when model.hf_path is set
     reshard = build_reshard_engine(model_cfg, layout, rank=rank, groups=reshard_groups)
     reshard.bind(dict(named_global_params(trainer.model, model_cfg, groups)))
-    actor = ActorWorker(trainer, ReshardHandoff(reshard, layout, rank, model_cfg), mbs, pool)
-    engine = build_rollout_engine(cfg.rollout, model_cfg, tokenizer.pad_token_id, tokenizer.eos_token_id)
+    side = build_rollout_side(
+        engine_name,
+        cfg.rollout,
+        model_cfg,
+        layout,
+        rank,
+        reshard,
+        generation_groups,
+        (tokenizer.pad_token_id, tokenizer.eos_token_id),
+    )
+    actor = ActorWorker(trainer, side.handoff, mbs, pool)
     shards = Shards(layout.rollout_coords(rank).data, layout.rollout_data)
-    return actor, RolloutWorker(engine, shards, world_group, tokenizer.pad_token_id)
+    return actor, RolloutWorker(side.engine, shards, world_group, tokenizer.pad_token_id, sleep=side.sleep)
 
 
 def _build_model_pool(cfg: ExperimentConfig, pool: Pool, groups):

@@ -4,7 +4,7 @@ advantages -> update, as plain code over worker groups.
 Placement is the worker groups' business (hpcrl.rl.assemble): colocated, actor, reference, critic and
 rollout live on the same ranks; split, actor + rollout on one pool and critic + reference on another.
 Either way, before generating, the actor's weights go train -> rollout through the reshard engine
-(`ActorWorker.sync_weights_to`), and every rank runs this code on the same global tensors (see
+(`ActorWorker.sync_weights`), and every rank runs this code on the same global tensors (see
 workers.py); rank 0 logs.
 
 One step, for B = prompts_per_step x samples_per_prompt sequences:
@@ -58,14 +58,21 @@ class PromptCodec:
 @dataclass
 class PhaseTimer:
     seconds: dict[str, float] = field(default_factory=dict)
+    peak_bytes: dict[str, int] = field(default_factory=dict)
+    """CUDA only: the most GPU memory allocated during each phase (torch.cuda.max_memory_allocated)."""
 
     @contextmanager
     def phase(self, name: str):
+        cuda = torch.cuda.is_available()
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
         start = time.perf_counter()
         try:
             yield
         finally:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+            if cuda:
+                self.peak_bytes[name] = max(self.peak_bytes.get(name, 0), torch.cuda.max_memory_allocated())
 
 
 class RLDriver:
@@ -124,7 +131,7 @@ class RLDriver:
         timer = PhaseTimer()
         metrics: dict[str, float] = {"step": step}
         with timer.phase("reshard"):
-            self.workers.actor.sync_weights_to(self.workers.rollout)
+            metrics |= self.workers.actor.sync_weights()
         if self.algo.eval_every and step % self.algo.eval_every == 0:
             with timer.phase("eval"):  # the policy before this step's update, on the weights just synced
                 metrics["reward/heldout"] = self.evaluate(step)
@@ -140,6 +147,7 @@ class RLDriver:
             if baseline_B is not None:
                 exp.tensors["baseline_B"] = baseline_B[exp.group_ids_B]
             exp = exp.select(result.keep_B) if result.num_skipped else exp
+        self.workers.rollout.sleep()  # the generation memory (store / vLLM weights + KV cache) until next sync
         metrics["reward/skipped"] = float(result.num_skipped)
         if len(exp) == 0:
             log.warning("step %d: every sample was skipped by the reward policy; no update", step)
@@ -153,8 +161,10 @@ class RLDriver:
 
     def final_evaluation(self, step: int) -> dict[str, float]:
         """Held-out reward of the final policy (after the last update), logged as step `steps`."""
-        self.workers.actor.sync_weights_to(self.workers.rollout)
-        return {"step": step, "reward/heldout": self.evaluate(step)}
+        self.workers.actor.sync_weights()
+        heldout = self.evaluate(step)
+        self.workers.rollout.sleep()
+        return {"step": step, "reward/heldout": heldout}
 
     def _greedy_baseline(self, prompts: list[Example], step: int) -> torch.Tensor:
         exp = self.generate_scored(prompts, self.sampling.greedy(), seed=step)
@@ -251,4 +261,5 @@ class RLDriver:
         if timer.seconds.get("train"):
             out["tps/train"] = train_tokens / timer.seconds["train"]
         out["time/step_s"] = total
+        out |= {f"memory/{k}_peak_gib": v / 2**30 for k, v in timer.peak_bytes.items()}
         return out

@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from hpcrl.config.experiment import ExperimentConfig
 from hpcrl.errors import ConfigError, Problem
+from hpcrl.rollout.factory import EngineFacts
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +32,7 @@ get minutes of wall-clock work from the real job at almost no CPU cost. Changes 
 def config_problems(cfg: ExperimentConfig, world_size: int) -> list[Problem]:
     """Rules across components that only the RL job knows (each Problem names its key)."""
     from hpcrl.dist.layout import ParallelLayout
-    from hpcrl.rl.assemble import placement_problems, training_world
+    from hpcrl.rl.assemble import placement_problems, rollout_engine_problems, training_world
 
     algo, rollout = cfg.algorithm, cfg.rollout
     problems: list[Problem] = []
@@ -68,21 +69,7 @@ def config_problems(cfg: ExperimentConfig, world_size: int) -> list[Problem]:
     except ConfigError as err:
         problems.extend(err.problems)
         layout = None
-    from hpcrl.rollout.factory import resolve_engine_name
-
-    try:
-        engine = resolve_engine_name(rollout)
-    except ConfigError as err:
-        problems.extend(err.problems)
-        engine = None
-    if engine == "hf" and (cfg.parallel.rollout_tensor > 1 or cfg.parallel.rollout_pipeline > 1):
-        problems.append(
-            Problem(
-                "the hf engine has no tensor/pipeline parallelism: rollout_tensor and "
-                "rollout_pipeline must be 1 (use vllm)",
-                key="parallel.rollout_tensor",
-            )
-        )
+    problems.extend(rollout_engine_problems(cfg, EngineFacts.here()))
     needed = cfg.data.max_prompt_length + rollout.max_new_tokens
     if cfg.model.hf_path is None and needed > cfg.model.max_position_embeddings:
         problems.append(

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from hpcrl.rl.experience import Experience
-from hpcrl.rollout.base import GenerationOutput, RolloutEngine, SamplingParams
+from hpcrl.rollout.base import GenerationOutput, RolloutEngine, SamplingParams, row_seeds
 from hpcrl.train.batch import TrainBatch
 from hpcrl.train.logprobs import HeadOutputs
 from hpcrl.train.pipeline import LossFn
@@ -121,11 +121,15 @@ class RolloutWorker:
         shards: Shards,
         world_group: dist.ProcessGroup | None,
         pad_id: int,
+        sleep: Callable[[], None] | None = None,
     ):
         self.engine, self.shards, self.world_group, self.pad_id = engine, shards, world_group, pad_id
+        self._sleep = sleep
 
-    def load_weights(self, weights) -> int:
-        return self.engine.load_weights(weights)
+    def sleep(self) -> None:
+        """Free the engine's generation memory until the next weight sync (between rollout and training)."""
+        if self._sleep is not None:
+            self._sleep()
 
     def generate(
         self, prompt_ids: Sequence[Sequence[int]], sampling: SamplingParams, seed: int
@@ -133,9 +137,12 @@ class RolloutWorker:
         local = None
         if self.engine is not None:
             start, stop = self.shards.bounds(len(prompt_ids))
-            torch.manual_seed(seed * 7919 + self.shards.index)  # distinct per replica, reproducible per step
+            # Engines that take per-row seeds sample the same rows whatever the replica split; others
+            # draw from the process RNG, seeded distinct per replica and reproducible per step.
+            torch.manual_seed(seed * 7919 + self.shards.index)
             if stop > start:
-                local = self.engine.generate(prompt_ids[start:stop], sampling)
+                seeds = row_seeds(seed, start, stop - start)
+                local = self.engine.generate(prompt_ids[start:stop], sampling, seeds)
                 local = _pad_generation(local, sampling.max_new_tokens, self.pad_id)
         gathered = Shards(0, 1, self.world_group).collect((self.shards.index, local))
         by_index = {}
@@ -215,14 +222,22 @@ class TrainerWorker:
 class ActorWorker(TrainerWorker):
     """The policy: log-probs/entropy, PPO updates, and the train -> rollout weight hand-off (reshard)."""
 
-    def __init__(self, trainer, reshard, micro_batch_size: int | None = None, pool: Pool | None = None):
+    def __init__(
+        self,
+        trainer,
+        handoff: Callable[[], dict[str, float]] | None,
+        micro_batch_size: int | None = None,
+        pool: Pool | None = None,
+    ):
         super().__init__(trainer, micro_batch_size, pool)
-        self.reshard = reshard
-        """Callable(rollout_worker) -> tensors loaded: moves weights through the reshard engine (None
-        outside the actor pool: the rollout engine lives with the actor, so nothing moves there)."""
+        self.handoff = handoff
+        """Moves the weights to this rank's rollout engine through the reshard engine and returns the
+        transition's metrics (hpcrl.rl.handoff.ReshardHandoff). None outside the actor pool: the rollout
+        engine lives with the actor, so nothing moves there."""
 
-    def sync_weights_to(self, rollout: RolloutWorker) -> int:
-        return self.reshard(rollout) if self.reshard is not None else 0
+    def sync_weights(self) -> dict[str, float]:
+        """One train -> rollout transition; this rank's reshard metrics ({} outside the actor pool)."""
+        return self.handoff() if self.handoff is not None else {}
 
 
 def response_logprobs(exp: Experience, out: HeadOutputs) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -55,12 +55,77 @@ class RolloutEngine(Protocol):
     """What the driver needs from a generation backend."""
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
-        """Copy (hf_name, tensor) pairs into the engine's model; returns how many tensors were loaded."""
+        """Copy (name, tensor) pairs into the engine's model; returns how many tensors were loaded."""
         ...
 
-    def generate(self, prompt_ids: Sequence[Sequence[int]], sampling: SamplingParams) -> GenerationOutput:
-        """One response per prompt (repeat a prompt to sample it several times)."""
+    def generate(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        sampling: SamplingParams,
+        seeds: Sequence[int] | None = None,
+    ) -> GenerationOutput:
+        """One response per prompt (repeat a prompt to sample it several times). `seeds`: one per prompt
+        (`row_seeds`); an engine that honours them samples each row from its own seed, so the samples do
+        not depend on how prompts are split over generation replicas. Engines that draw from the process
+        RNG instead (HF `generate`) say so."""
         ...
+
+
+def row_seeds(seed: int, start: int, count: int) -> list[int]:
+    """Seeds of global rows [start, start + count) of one generate call seeded `seed`."""
+    rows = torch.arange(start, start + count, dtype=torch.long)
+    return counter_hash(torch.stack([torch.full_like(rows, seed), rows], dim=-1))[:, -1].tolist()
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _signed(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+_SPLITMIX = tuple(_signed(c) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB))
+
+
+def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int64 (torch's >> is arithmetic)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def _splitmix64(x: torch.Tensor) -> torch.Tensor:
+    """SplitMix64 finaliser (Steele, Lea, Flood 2014) on int64 tensors; int64 products wrap mod 2^64."""
+    golden, m1, m2 = _SPLITMIX
+    z = x + golden
+    z = (z ^ _shift_right(z, 30)) * m1
+    z = (z ^ _shift_right(z, 27)) * m2
+    return z ^ _shift_right(z, 31)
+
+
+def counter_hash(keys: torch.Tensor) -> torch.Tensor:
+    """Hash int64 keys [..., K] to int64 [..., K] by chaining SplitMix64 along the last dim, so that
+    out[..., -1] depends on every key (a counter-based RNG: the same keys give the same bits on any
+    device, any batch split)."""
+    keys = keys.long()
+    out = torch.empty_like(keys)
+    state = torch.zeros_like(keys[..., 0])
+    for k in range(keys.shape[-1]):
+        state = _splitmix64(state ^ keys[..., k])
+        out[..., k] = state
+    return out
+
+
+def gumbel_noise(seeds_B: torch.Tensor, position: int, vocab: int) -> torch.Tensor:
+    """Gumbel(0, 1) noise [B, V], a function of (row seed, token position, vocab id) only.
+
+    argmax(logits/temperature + noise) samples softmax(logits/temperature) (the Gumbel-max trick,
+    Gumbel 1954; Maddison et al. 2014 §2), so every replica split of a batch samples the same tokens.
+    """
+    B = seeds_B.shape[0]
+    ids_BV = torch.arange(vocab, device=seeds_B.device).expand(B, vocab)
+    keys = torch.stack([seeds_B[:, None].expand(B, vocab), torch.full_like(ids_BV, position), ids_BV], -1)
+    bits = _shift_right(counter_hash(keys)[..., -1], 11)  # 53 random bits
+    uniform = (bits.double() + 0.5) * 2.0**-53  # in (0, 1)
+    return -torch.log(-torch.log(uniform))
 
 
 def response_mask_from_eos(response_ids_BT: torch.Tensor, eos_id: int) -> torch.Tensor:

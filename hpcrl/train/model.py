@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import glob
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -69,6 +70,9 @@ class TrainGroups:
     """This rank alone (megatron wants a context-parallel group; hpcrl uses cp = 1)."""
     block: dist.ProcessGroup | None = field(default=None, repr=False)
     """All t*p*d ranks of this layout (megatron's distributed optimizer reduces grad norms over it)."""
+    coords_to_rank: Callable[[int, int, int], int] | None = field(default=None, repr=False, compare=False)
+    """(tp, pp, dp) -> global rank when the grid is not the training order (a generation model's strided
+    groups, see `build_generation_groups`); None: offset + tp + t*(pp + p*dp)."""
 
     @property
     def is_first_stage(self) -> bool:
@@ -80,6 +84,8 @@ class TrainGroups:
 
     def rank_of(self, tp: int, pp: int, dp: int) -> int:
         """Global rank of grid point (tp, pp, dp) of this layout."""
+        if self.coords_to_rank is not None:
+            return self.coords_to_rank(tp, pp, dp)
         layout = ParallelLayout(tensor=self.tensor, pipeline=self.pipeline, data=self.data)
         return self.rank_offset + layout.train_rank(tp, pp, dp)
 
@@ -164,6 +170,51 @@ def build_train_groups(
     )
 
 
+def build_generation_groups(layout: ParallelLayout, *, timeout_s: float | None = None) -> TrainGroups | None:
+    """The megatron groups of this rank's *generation* model: TP = t_g over ParallelLayout's strided
+    generation TP groups, PP = p_g over its generation PP groups (HybridFlow §5.3: micro-DP groups are
+    consecutive ranks, generation TP/PP groups take ranks at strides t/t_g and p/p_g).
+
+    Collective over the whole default group (every rank calls it, same layout); None on ranks outside
+    the layout (a second resource pool). `dp` is the generation data-parallel group (d_g·d replicas);
+    `mp` the t_g·p_g ranks of one generation replica.
+    """
+    me = dist.get_rank()
+    kwargs = {"timeout": timedelta(seconds=timeout_s)} if timeout_s else {}
+    families = {
+        "tp": layout.rollout_tensor_groups(),
+        "pp": layout.rollout_pipeline_groups(),
+        "dp": layout.rollout_data_groups(),
+        "mp": layout.rollout_model_parallel_groups(),
+        "cp": [[r] for r in range(layout.world_size)],
+    }
+    mine: dict[str, dist.ProcessGroup] = {}
+    for name, groups in families.items():
+        for ranks in groups:
+            group = dist.new_group(ranks, **kwargs)  # every rank takes part in every new_group call
+            if me in ranks:
+                mine[name] = group
+    if me >= layout.world_size:
+        return None
+    coords = layout.rollout_coords(me)
+    return TrainGroups(
+        tensor=layout.rollout_tensor,
+        pipeline=layout.rollout_pipeline,
+        data=layout.rollout_data,
+        rank_offset=0,
+        tp_rank=coords.tensor,
+        pp_rank=coords.pipeline,
+        dp_rank=coords.data,
+        tp=mine["tp"],
+        pp=mine["pp"],
+        dp=mine["dp"],
+        mp=mine["mp"],
+        embd=None,  # tied embeddings need p_g = 1 (hpcrl.reshard.build's rule)
+        cp=mine["cp"],
+        coords_to_rank=layout.rollout_rank,
+    )
+
+
 def validate_layout(cfg: ModelConfig, tensor: int, pipeline: int, key: str = "model") -> list[Problem]:
     """Rules a layout must meet for this model (checked before any rank builds anything)."""
     problems = hf_convert.validate_model_config(cfg, key)
@@ -194,8 +245,9 @@ def _prepare_megatron(groups: TrainGroups, seed: int) -> None:
     )
 
 
-def transformer_config(cfg: ModelConfig, groups: TrainGroups):
-    """megatron TransformerConfig of a Llama/Qwen2 decoder (FACTS: parity settings)."""
+def transformer_config(cfg: ModelConfig, groups: TrainGroups, *, initialize: bool = True):
+    """megatron TransformerConfig of a Llama/Qwen2 decoder (FACTS: parity settings). `initialize=False`
+    skips the random init (weights that are overwritten before use, e.g. a generation model's)."""
     from megatron.core.transformer import TransformerConfig
 
     dtype = _DTYPES[cfg.dtype]
@@ -217,6 +269,7 @@ def transformer_config(cfg: ModelConfig, groups: TrainGroups):
         tensor_model_parallel_size=groups.tensor,
         pipeline_model_parallel_size=groups.pipeline,
         use_cpu_initialization=not torch.cuda.is_available(),
+        perform_initialization=initialize,
         params_dtype=dtype,
         pipeline_dtype=dtype,
         bf16=dtype == torch.bfloat16,
@@ -259,8 +312,11 @@ class ScalarHead(torch.nn.Linear):
         return super().forward(input_), None
 
 
-def build_gpt_model(cfg: ModelConfig, groups: TrainGroups, *, value_head: bool = False):
-    """A GPTModel for this rank's pipeline stage and TP shard, randomly initialised from `cfg.init_seed`.
+def build_gpt_model(
+    cfg: ModelConfig, groups: TrainGroups, *, value_head: bool = False, initialize: bool = True
+):
+    """A GPTModel for this rank's pipeline stage and TP shard, randomly initialised from `cfg.init_seed`
+    (`initialize=False`: memory only, for weights that arrive before first use).
 
     With `value_head` the output layer is a `ScalarHead` (critic); tied embeddings are then not used.
     Weights of TP shards agree with a t=1 model of the same seed (megatron initialises the full master
@@ -275,7 +331,7 @@ def build_gpt_model(cfg: ModelConfig, groups: TrainGroups, *, value_head: bool =
     torch.manual_seed(cfg.init_seed)
     tie = cfg.tie_word_embeddings and not value_head
     model = GPTModel(
-        config=transformer_config(cfg, groups),
+        config=transformer_config(cfg, groups, initialize=initialize),
         transformer_layer_spec=_layer_spec(),
         vocab_size=cfg.vocab_size,
         max_sequence_length=cfg.max_position_embeddings,

@@ -70,6 +70,7 @@ def test_every_family_partitions_the_world_and_coords_round_trip(layout):
         "micro_data": layout.micro_data,
         "rollout_data": layout.rollout_data,
         "stage_merge": layout.stage_merge,
+        "rollout_model_parallel": layout.rollout_tensor * layout.rollout_pipeline,
     }
     for family, groups in layout.all_groups().items():
         assert sorted(r for g in groups for r in g) == list(range(layout.world_size)), family

@@ -34,6 +34,14 @@ def run_algorithms(rank: int, world: int, configs: list, run_root: str) -> dict:
     return {cfg.algorithm.name: main(cfg, Path(run_root) / cfg.algorithm.name) for cfg in configs}
 
 
+def run_named(rank: int, world: int, named: list, run_root: str) -> None:
+    """Run several (name, config) jobs one after another in the same ranks, each in run_root/name."""
+    from hpcrl.rl.job import main
+
+    for name, cfg in named:
+        main(cfg, Path(run_root) / name)
+
+
 def run_with_flaky_reward(rank: int, world: int, cfg, run_dir: str) -> dict:
     """exact_match replaced by a rule that raises on every response ending in an even digit."""
     from hpcrl.rewards import rules

@@ -6,6 +6,7 @@ import pytest
 
 from hpcrl.config.resolve import resolve
 from hpcrl.rl.job import config_problems
+from hpcrl.rollout.factory import EngineFacts, resolve_engine
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
 GPU_RECIPES = sorted((TEMPLATES / "gpu").glob("*.yaml"))
@@ -19,11 +20,20 @@ def test_cpu_templates_are_valid(name):
 
 
 @pytest.mark.parametrize("path", GPU_RECIPES, ids=[p.stem for p in GPU_RECIPES])
-def test_gpu_recipes_are_valid_apart_from_needing_vllm(path):
+def test_gpu_recipes_are_valid_and_pick_an_engine_that_runs_their_layout(path):
     cfg = resolve(path).elements[0].config
-    problems = config_problems(cfg, cfg.cluster.nodes * cfg.cluster.tasks_per_node)
-    assert [p.key for p in problems] in ([], ["rollout.engine"])  # vllm + CUDA are absent on CPU machines
-    assert cfg.rollout.engine == "vllm" and cfg.model.dtype == "bfloat16"
+    assert config_problems(cfg, cfg.cluster.nodes * cfg.cluster.tasks_per_node) == []
+    p = cfg.parallel
+    assert p.rollout_tensor > 1  # the recipes run HybridFlow's sharded rollout
+    for facts, engine in (
+        (EngineFacts(cuda=True, vllm=True), "vllm"),
+        (EngineFacts(cuda=True, vllm=False), "megatron"),
+    ):
+        assert resolve_engine(cfg.rollout, p.rollout_tensor, p.rollout_pipeline, cfg.model, facts) == (
+            engine,
+            [],
+        )
+    assert cfg.rollout.engine == "auto" and cfg.model.dtype == "bfloat16"
     assert cfg.algorithm.prompts_per_step * cfg.rollout.samples_per_prompt == 128
     assert cfg.data.max_prompt_length + cfg.rollout.max_new_tokens == 512
 

