@@ -36,6 +36,10 @@ def check_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
             out.append((f"cluster.{key}", f"must be >= 1, got {getattr(cl, key)}"))
     if cl.max_requeues < 0:
         out.append(("cluster.max_requeues", f"must be >= 0, got {cl.max_requeues}"))
+    if cfg.rollout.max_num_seqs is not None and cfg.rollout.max_num_seqs < 1:
+        out.append(
+            ("rollout.max_num_seqs", f"must be >= 1 (or null: all at once), got {cfg.rollout.max_num_seqs}")
+        )
     if out:
         return out  # the layout rules below divide by these
     ranks = cl.nodes * cl.tasks_per_node
@@ -104,7 +108,7 @@ def _model_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
     t_g, vocab, ffn, layers) and whether the rollout engine can run the generation layout."""
     from hpcrl.dist.layout import ParallelLayout, model_problems
     from hpcrl.errors import ConfigError
-    from hpcrl.rollout.factory import EngineFacts, resolve_engine
+    from hpcrl.rollout.engine_rule import EngineFacts, resolve_engine
 
     par = cfg.parallel
     problems = []

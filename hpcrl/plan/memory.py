@@ -284,11 +284,18 @@ def _train_phase(cfg: ExperimentConfig, dims: fm.Dims, e: int) -> list[Component
     return out
 
 
-def _uses_vllm(cfg: ExperimentConfig) -> bool:
-    """engine vllm, or auto on a GPU job (hpcrl.rollout.factory picks vLLM when a GPU is present)."""
+def _rollout_engine(cfg: ExperimentConfig) -> tuple[str, bool]:
+    """(engine the element runs, whether it sleeps between steps): hpcrl.rollout.engine_rule's decision
+    for this element's GPUs; a GPU job whose vLLM is not installed here is planned as vLLM when it asks
+    for it (the compute nodes may have it)."""
     from hpcrl.config.rules import gpus_per_node
+    from hpcrl.rollout.engine_rule import EngineFacts, resolve_engine, sleeps_between_steps
 
-    return cfg.rollout.engine == "vllm" or (cfg.rollout.engine == "auto" and gpus_per_node(cfg) > 0)
+    gpus = gpus_per_node(cfg)
+    facts = EngineFacts(cuda=gpus > 0, vllm=gpus > 0 or EngineFacts.for_element(0).vllm)
+    par = cfg.parallel
+    name, _ = resolve_engine(cfg.rollout, par.rollout_tensor, par.rollout_pipeline, cfg.model, facts)
+    return name, sleeps_between_steps(cfg.rollout, cuda=gpus > 0)
 
 
 def _generate_phase(cfg: ExperimentConfig, dims: fm.Dims, e: int, device_bytes: float) -> list[Component]:
@@ -302,16 +309,24 @@ def _generate_phase(cfg: ExperimentConfig, dims: fm.Dims, e: int, device_bytes: 
     gen_bytes = fm.rank_params(dims, rt, rp).total * e
     bucket = par.reshard_bucket_mb * 1024**2
     receive = fm.reshard_receive_bytes(split_bytes, par.tensor, par.pipeline, rt, rp)
-    kv = fm.kv_cache_bytes(dims, sequences=sequences, tokens=s, e=e, rollout_tensor=rt, rollout_pipeline=rp)
-    kv_text = f"2·L/p_g·max(1,g/t_g)·d·{e} B × {sequences} seqs × {s} tokens"
-    if _uses_vllm(cfg):
+    engine, sleeps = _rollout_engine(cfg)
+    wave = min(sequences, cfg.rollout.max_num_seqs or sequences)  # rollout.max_num_seqs: decoded at once
+    kv = fm.kv_cache_bytes(dims, sequences=wave, tokens=s, e=e, rollout_tensor=rt, rollout_pipeline=rp)
+    kv_text = f"2·L/p_g·max(1,g/t_g)·d·{e} B × {wave} seqs at once (of {sequences}) × {s} tokens"
+    if engine == "vllm":
         # vLLM pre-allocates utilisation·capacity (weights + KV blocks) and runs the sequences in waves
         # inside it, so what it allocates is its budget, not the all-at-once demand
         util = cfg.rollout.gpu_memory_utilization
         kv_text = f"vLLM budget {util:g}·capacity − weights (all at once would be {kv / GIB:.3g} GiB)"
         kv = max(0.0, util * device_bytes - gen_bytes)
+    weights_phase = "generate" if sleeps else PERSISTENT  # asleep during training (store / vLLM sleep)
     return [
-        Component("rollout engine weights", PERSISTENT, gen_bytes, f"generation shard t_g={rt}, p_g={rp}"),
+        Component(
+            "rollout engine weights",
+            weights_phase,
+            gen_bytes,
+            f"{engine} engine, generation shard t_g={rt}, p_g={rp}" + (", freed to train" if sleeps else ""),
+        ),
         Component("KV cache", "generate", kv, kv_text),
         Component(
             "reshard staging",

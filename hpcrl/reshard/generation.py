@@ -9,17 +9,17 @@ laid out in plan order, whose views *are* the rollout model's parameters (`bind`
 parameter's `.data` at its view once, so a weight sync writes the model's weights directly and the
 model keeps no copy of its own).
 
-Memory (per rank, M = model bytes): the store is M/(t_g·p_g) while it is awake. A sync fills it from the
-reshard's generation shard (one local copy of each piece; the bytes *received* stay the HybridFlow
-bound, counted by the transport) and the received buffers are released right after, so at rest the
-extra memory of generation is the store alone. `sleep()` frees it between generation and training
+Memory (per rank, M = model bytes): the store is M/(t_g·p_g) while it is awake. A sync
+(`HybridEngine.gather_into`) writes it from the micro-DP all-gather's staging buffer (one local copy of
+each piece; the bytes *received* stay the HybridFlow bound, counted by the transport) and frees the
+staging right after, so at rest the extra memory of generation is the store alone. `sleep()` frees it between generation and training
 (the CPU-engine counterpart of vLLM's `sleep(level=1)`), `wake()` allocates it again before the next
 sync and re-points the parameters.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 
@@ -113,7 +113,16 @@ class GenerationStore:
     def fill(self, shard: GenerationShard) -> int:
         """Copy the generation shard's pieces into the store (waking it); returns the tensors written."""
         self.wake()
+        return sum(
+            self.fill_stream(stream.name, lambda member, name=stream.name: shard.source(name, member))
+            for stream in self.plan.streams
+        )
+
+    def fill_stream(self, stream: str, source: Callable[[int], torch.Tensor]) -> int:
+        """Write the generation tensors made of `stream`'s pieces; `source(member)` is that member's flat
+        stream (a view of a staging buffer, a received buffer or the own training shards)."""
         views = self.views()
-        for gen in self.plan.gen:
-            assemble(gen, shard.source, out=views[gen.name])
-        return len(self.plan.gen)
+        gens = [gen for gen in self.plan.gen if gen.pieces[0].stream == stream]
+        for gen in gens:
+            assemble(gen, lambda _stream, member: source(member), out=views[gen.name])
+        return len(gens)

@@ -25,7 +25,7 @@ from hpcrl.metrics.logger import MetricsLogger
 from hpcrl.rl.driver import PromptCodec, RLDriver, Workers
 from hpcrl.rl.workers import ActorWorker, Pool, RolloutWorker, Shards, TrainerWorker
 from hpcrl.rollout.base import SamplingParams
-from hpcrl.rollout.factory import EngineFacts, resolve_engine
+from hpcrl.rollout.engine_rule import EngineFacts, resolve_engine
 
 
 def build_tokenizer(cfg: ExperimentConfig):
@@ -208,7 +208,14 @@ def _build_actor_and_rollout(cfg: ExperimentConfig, tokenizer, pool: Pool, group
     )
     actor = ActorWorker(trainer, side.handoff, mbs, pool)
     shards = Shards(layout.rollout_coords(rank).data, layout.rollout_data)
-    return actor, RolloutWorker(side.engine, shards, world_group, tokenizer.pad_token_id, sleep=side.sleep)
+    return actor, RolloutWorker(
+        side.engine,
+        shards,
+        world_group,
+        tokenizer.pad_token_id,
+        sleep=side.sleep,
+        max_num_seqs=None if engine_name == "vllm" else cfg.rollout.max_num_seqs,  # vLLM schedules its own
+    )
 
 
 def _build_model_pool(cfg: ExperimentConfig, pool: Pool, groups):

@@ -4,7 +4,8 @@ HybridFlow's colocated actor switches train -> rollout through the 3D-HybridEngi
 `ReshardHandoff` runs one transition (`to_generation`), hands the generation shard to the rollout engine
 (`deliver`), and releases the received buffers (`to_training`). What `deliver` is depends on the engine:
 - megatron (`hpcrl.rollout.megatron_engine`): the engine's parameters are views of a `GenerationStore`,
-  so delivering is filling the store (no name conversion, no second model copy);
+  and the reshard engine gathers straight into it (`HybridEngine.gather_into`: no name conversion, no
+  second model copy, no per-member receive buffers);
 - hf / vllm: the shard converted to HF names per generation-TP shard (`hpcrl.reshard.convert`) and
   copied in by the engine's `load_weights`.
 
@@ -18,28 +19,43 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
+
 from hpcrl.dist.layout import ParallelLayout
 from hpcrl.reshard.convert import rollout_weights
 from hpcrl.reshard.generation import GenerationStore
 from hpcrl.rollout.base import RolloutEngine
 from hpcrl.rollout.config import RolloutConfig
+from hpcrl.rollout.engine_rule import sleeps_between_steps
 from hpcrl.rollout.factory import build_rollout_engine
 from hpcrl.train.config import ModelConfig
 
 
 class ReshardHandoff:
-    """train -> rollout through the reshard engine, once per weight sync; returns this rank's metrics."""
+    """train -> rollout through the reshard engine, once per weight sync; returns this rank's metrics.
 
-    def __init__(self, engine, deliver: Callable[[object], int]):
-        self.engine, self.deliver = engine, deliver
+    `deliver(shard) -> tensors` consumes a generation shard between `to_generation` and `to_training`;
+    with `store` instead, the engine gathers straight into that GenerationStore (`gather_into`)."""
+
+    def __init__(
+        self, engine, deliver: Callable[[object], int] | None = None, store: GenerationStore | None = None
+    ):
+        if (deliver is None) == (store is None):
+            raise ValueError("give exactly one of deliver and store")
+        self.engine, self.deliver, self.store = engine, deliver, store
+
+    def _transition(self) -> int:
+        if self.store is not None:
+            return self.engine.gather_into(self.store)
+        shard = self.engine.to_generation()
+        try:
+            return self.deliver(shard)
+        finally:
+            self.engine.to_training(shard)
 
     def __call__(self) -> dict[str, float]:
         before = self.engine.transport.total()
-        shard = self.engine.to_generation()
-        try:
-            tensors = self.deliver(shard)
-        finally:
-            self.engine.to_training(shard)
+        tensors = self._transition()
         after = self.engine.transport.total()
         return {
             "reshard/bytes_received": float(after.bytes_received - before.bytes_received),
@@ -80,7 +96,14 @@ def build_rollout_side(
         engine = MegatronRolloutEngine.build(model_cfg, generation_groups, pad_id, eos_id)
         store = GenerationStore.for_engine(reshard)
         store.bind(engine.global_params())
-        return RolloutSide(engine, ReshardHandoff(reshard, store.fill), store.sleep)
+
+        def sleep() -> None:
+            store.sleep()
+            reshard.release_staging()
+
+        return RolloutSide(
+            engine, ReshardHandoff(reshard, store=store), sleep if _sleeps(rollout_cfg) else None
+        )
     if engine_name == "vllm" and layout.rollout_tensor > 1:
         return _vllm_spmd_side(rollout_cfg, model_cfg, layout, rank, reshard, tokens)
     engine = build_rollout_engine(rollout_cfg, model_cfg, pad_id, eos_id)
@@ -90,7 +113,8 @@ def build_rollout_side(
             engine.wake_up()
         return engine.load_weights(rollout_weights(shard, layout, rank, model_cfg))
 
-    return RolloutSide(engine, ReshardHandoff(reshard, deliver), getattr(engine, "sleep", None))
+    sleep = getattr(engine, "sleep", None) if _sleeps(rollout_cfg) else None
+    return RolloutSide(engine, ReshardHandoff(reshard, deliver), sleep)
 
 
 def _vllm_spmd_side(rollout_cfg, model_cfg, layout, rank, reshard, tokens) -> RolloutSide:
@@ -112,4 +136,10 @@ def _vllm_spmd_side(rollout_cfg, model_cfg, layout, rank, reshard, tokens) -> Ro
         engine.wake_up()
         return engine.load_shard(rollout_weights(shard, layout, rank, model_cfg))
 
-    return RolloutSide(engine, ReshardHandoff(reshard, deliver), engine.sleep)
+    return RolloutSide(
+        engine, ReshardHandoff(reshard, deliver), engine.sleep if _sleeps(rollout_cfg) else None
+    )
+
+
+def _sleeps(cfg: RolloutConfig) -> bool:
+    return sleeps_between_steps(cfg, cuda=torch.cuda.is_available())

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from hpcrl.config.experiment import ExperimentConfig
 from hpcrl.errors import ConfigError, Problem
-from hpcrl.rollout.factory import EngineFacts
+from hpcrl.rollout.engine_rule import EngineFacts
 
 log = logging.getLogger(__name__)
 

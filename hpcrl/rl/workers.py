@@ -122,9 +122,12 @@ class RolloutWorker:
         world_group: dist.ProcessGroup | None,
         pad_id: int,
         sleep: Callable[[], None] | None = None,
+        max_num_seqs: int | None = None,
     ):
         self.engine, self.shards, self.world_group, self.pad_id = engine, shards, world_group, pad_id
         self._sleep = sleep
+        self.max_num_seqs = max_num_seqs
+        """Rows per engine call (waves; rollout.max_num_seqs); None = the whole share in one call."""
 
     def sleep(self) -> None:
         """Free the engine's generation memory until the next weight sync (between rollout and training)."""
@@ -141,19 +144,32 @@ class RolloutWorker:
             # draw from the process RNG, seeded distinct per replica and reproducible per step.
             torch.manual_seed(seed * 7919 + self.shards.index)
             if stop > start:
-                seeds = row_seeds(seed, start, stop - start)
-                local = self.engine.generate(prompt_ids[start:stop], sampling, seeds)
-                local = _pad_generation(local, sampling.max_new_tokens, self.pad_id)
+                local = self._generate_waves(prompt_ids, start, stop, sampling, seed)
         gathered = Shards(0, 1, self.world_group).collect((self.shards.index, local))
         by_index = {}
         for index, out in gathered:
             by_index.setdefault(index, out)
-        parts = [by_index[i] for i in sorted(by_index) if by_index[i] is not None]
-        return GenerationOutput(
-            torch.cat([p.response_ids_BT for p in parts]),
-            torch.cat([p.response_mask_BT for p in parts]),
-            torch.cat([p.logprobs_BT for p in parts]),
-        )
+        return _cat_generation([by_index[i] for i in sorted(by_index) if by_index[i] is not None])
+
+    def _generate_waves(self, prompt_ids, start: int, stop: int, sampling: SamplingParams, seed: int):
+        """Rows [start, stop) in waves of at most max_num_seqs; each row keeps its own seed."""
+        wave = self.max_num_seqs or (stop - start)
+        parts = []
+        for a in range(start, stop, wave):
+            b = min(stop, a + wave)
+            out = self.engine.generate(prompt_ids[a:b], sampling, row_seeds(seed, a, b - a))
+            parts.append(_pad_generation(out, sampling.max_new_tokens, self.pad_id))
+        return _cat_generation(parts)
+
+
+def _cat_generation(parts: list[GenerationOutput]) -> GenerationOutput:
+    if len(parts) == 1:
+        return parts[0]
+    return GenerationOutput(
+        torch.cat([p.response_ids_BT for p in parts]),
+        torch.cat([p.response_mask_BT for p in parts]),
+        torch.cat([p.logprobs_BT for p in parts]),
+    )
 
 
 def _pad_generation(out: GenerationOutput, width: int, pad_id: int) -> GenerationOutput:

@@ -25,6 +25,16 @@ class RolloutConfig:
     """Nucleus sampling mass."""
     top_k: int = 0
     """Top-k sampling; 0 disables."""
+    max_num_seqs: int | None = None
+    """Sequences one generation replica decodes at once (its KV cache holds this many): the megatron and
+    HF engines generate a rank's share in waves of this size; vLLM gets it as its scheduler's
+    `max_num_seqs`. None = the whole share at once (megatron/HF) or vLLM's default. Per-row seeds make
+    the samples the same whatever the wave size."""
+    sleep_between_steps: bool | None = None
+    """Free the rollout's weights and KV cache between generation and training (megatron engine: its
+    generation store and the reshard staging; vLLM on CUDA: `LLM.sleep(level=1)`). None = on with CUDA
+    (training needs the GPU memory), off on CPU (re-allocating costs page faults each step, RAM is not
+    the limit there)."""
     gpu_memory_utilization: float = 0.5
     """vLLM: fraction of GPU memory for weights + KV cache (colocated with training)."""
     enforce_eager: bool = False

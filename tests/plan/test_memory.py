@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -69,9 +70,19 @@ def test_gpu_template_uses_a100_capacity_and_bf16_master():
     # the a100-ib profile: 900 GB per node over 8 ranks
     assert plan.host.bytes == pytest.approx(900e9 / 8)
     assert plan.fits
-    # GPU + engine auto = vLLM: the KV cache is vLLM's pre-allocated budget, not the all-at-once demand
-    by_name = {c.name: c.bytes for c in plan.components}
+    # engine vllm: the KV cache is vLLM's pre-allocated budget, not the all-at-once demand; on a GPU its
+    # weights (and the megatron engine's store) sleep during training: a generate-phase component
+    cfg = config(A100)  # validated here, where vLLM is absent; the compute nodes are assumed to have it
+    cfg.rollout = dataclasses.replace(cfg.rollout, engine="vllm")
+    vllm = predict(cfg, host_bytes=24 * GIB)
+    by_name = {c.name: c.bytes for c in vllm.components}
     assert by_name["KV cache"] == pytest.approx(0.5 * 80 * GIB - by_name["rollout engine weights"])
+    weights = next(c for c in vllm.components if c.name == "rollout engine weights")
+    assert weights.phase == "generate" and "vllm engine" in weights.formula
+    # engine auto without model.hf_path = megatron (vLLM starts from an HF directory): all-at-once KV cache
+    auto = {c.name: c for c in plan.components}
+    assert "megatron engine" in auto["rollout engine weights"].formula
+    assert auto["KV cache"].bytes < by_name["KV cache"]
 
 
 def test_gpu_distributed_optimizer_shards_masters_and_moments_over_data_parallel():

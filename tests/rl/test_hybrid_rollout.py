@@ -74,7 +74,12 @@ def test_hpcrl_run_t4_to_tg2_through_the_cli(tmp_path):
 def test_t2p2_to_tg2_and_same_seed_tg1_vs_tg2(tmp_path):
     common = {"algorithm.steps": STEPS, "cluster.tasks_per_node": 4, "rollout.engine": "megatron"}
     configs = [
-        tiny_config(TEMPLATE, **common, **{"parallel.tensor": 2, "parallel.pipeline": 2}),
+        tiny_config(  # also: the rollout sleeps between steps (the CUDA default) and decodes in waves
+            TEMPLATE,
+            **common,
+            **{"parallel.tensor": 2, "parallel.pipeline": 2},
+            **{"rollout.sleep_between_steps": True, "rollout.max_num_seqs": 24},
+        ),
         tiny_config(TEMPLATE, **common, **{"parallel.rollout_tensor": 1, "name": "grpo_tiny_tg1"}),
         tiny_config(TEMPLATE, **common, **{"name": "grpo_tiny_tg2"}),
     ]

@@ -6,7 +6,7 @@ import pytest
 
 from hpcrl.config.resolve import resolve
 from hpcrl.rl.job import config_problems
-from hpcrl.rollout.factory import EngineFacts, resolve_engine
+from hpcrl.rollout.engine_rule import EngineFacts, resolve_engine
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
 GPU_RECIPES = sorted((TEMPLATES / "gpu").glob("*.yaml"))

@@ -98,19 +98,22 @@ def generation_parity_rank(
         engine = MegatronRolloutEngine.build(cfg, build_generation_groups(layout), PAD, EOS)
         store = GenerationStore.for_engine(reshard)
         store.bind(engine.global_params())
-        metrics = ReshardHandoff(reshard, store.fill)()
+        metrics = ReshardHandoff(reshard, store=store)()
         params = engine.global_params()
         zero_copy = all(_in_storage(param, store.flat) for param in params.values())
         greedy = engine.generate(PROMPTS, SamplingParams(max_new_tokens=MAX_NEW_TOKENS).greedy())
         sampling = SamplingParams(max_new_tokens=MAX_NEW_TOKENS, temperature=1.0)
         sampled = engine.generate(PROMPTS, sampling, row_seeds(11, 0, len(PROMPTS)))
+        waves = [
+            engine.generate(PROMPTS[a:b], sampling, row_seeds(11, a, b - a)) for a, b in ((0, 2), (2, 5))
+        ]
         torch.manual_seed(11 + layout.rollout_coords(rank).data)  # as RolloutWorker seeds a replica
         unseeded = engine.generate(PROMPTS, sampling)
         allocated = torch.cuda.memory_allocated() if torch.cuda.is_available() else 0
         store.sleep()
         freed = allocated - torch.cuda.memory_allocated() if torch.cuda.is_available() else None
         asleep = all(param.numel() == 0 for param in params.values())
-        ReshardHandoff(reshard, store.fill)()  # wake: the parameters point into the new buffer
+        ReshardHandoff(reshard, store=store)()  # wake: the parameters point into the new buffer
         rewoken = all(_in_storage(param, store.flat) for param in params.values())
         again = engine.generate(PROMPTS, SamplingParams(max_new_tokens=MAX_NEW_TOKENS).greedy())
         results.append(
@@ -128,12 +131,18 @@ def generation_parity_rank(
                 "sampled_ids": sampled.response_ids_BT,
                 "sampled_mismatch": _replica_mismatch(trainer, layout.rollout_coords(rank).data, sampled),
                 "unseeded_ids": unseeded.response_ids_BT,
+                "wave_ids": torch.cat([_widen(w.response_ids_BT) for w in waves]),
                 "unseeded_mismatch": _replica_mismatch(trainer, layout.rollout_coords(rank).data, unseeded),
                 "hf_greedy": _hf_reference(cfg, full),
             }
         )
         dist.barrier()
     return results
+
+
+def _widen(ids_BT: torch.Tensor) -> torch.Tensor:
+    """Right-pad a wave's responses to MAX_NEW_TOKENS (a wave whose rows all stopped early is shorter)."""
+    return torch.nn.functional.pad(ids_BT, (0, MAX_NEW_TOKENS - ids_BT.shape[1]), value=PAD)
 
 
 def _hf_reference(cfg: ModelConfig, full: dict[str, torch.Tensor]):

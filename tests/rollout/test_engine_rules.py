@@ -12,7 +12,7 @@ import yaml
 from hpcrl import cli
 from hpcrl.config.resolve import resolve
 from hpcrl.rollout.config import RolloutConfig
-from hpcrl.rollout.factory import EngineFacts, resolve_engine
+from hpcrl.rollout.engine_rule import EngineFacts, resolve_engine
 from hpcrl.train.config import ModelConfig
 
 REPO = Path(__file__).resolve().parents[2]

@@ -63,12 +63,16 @@ def test_greedy_tokens_equal_the_whole_model_on_every_layout(results):
 
 
 def test_seeded_samples_are_the_same_on_every_layout_and_match_the_trainer(results):
-    """Per-row seeds (Gumbel-max over a counter-based hash): the same tokens on every rank of every layout."""
+    """Per-row seeds (Gumbel-max over a counter-based hash): the same tokens on every rank of every layout,
+    and in waves (rollout.max_num_seqs) as in one call."""
     reference = results[0][0]["sampled_ids"]
     assert len({tuple(row) for row in reference.tolist()}) > 1
     for rank, rank_results in enumerate(results):
         for r in rank_results:
             assert torch.equal(r["sampled_ids"], reference), f"{r['layout']} rank {rank}"
+            assert torch.equal(r["wave_ids"], reference), (
+                f"{r['layout']} rank {rank}: waves of 2 + 3 rows differ"
+            )
             assert r["sampled_mismatch"] <= LOGPROB_TOL, f"{r['layout']} rank {rank}: {r['sampled_mismatch']}"
 
 
