@@ -36,10 +36,6 @@ def check_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
             out.append((f"cluster.{key}", f"must be >= 1, got {getattr(cl, key)}"))
     if cl.max_requeues < 0:
         out.append(("cluster.max_requeues", f"must be >= 0, got {cl.max_requeues}"))
-    if cfg.rollout.max_num_seqs is not None and cfg.rollout.max_num_seqs < 1:
-        out.append(
-            ("rollout.max_num_seqs", f"must be >= 1 (or null: all at once), got {cfg.rollout.max_num_seqs}")
-        )
     if out:
         return out  # the layout rules below divide by these
     ranks = cl.nodes * cl.tasks_per_node
@@ -94,7 +90,7 @@ def check_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
                     f"(cluster.nodes={cl.nodes} x {gpus} per node)",
                 )
             )
-    out += _model_rules(cfg)
+    out += _model_rules(cfg) + _sampling_rules(cfg)
     if not _ENTRYPOINT.fullmatch(cfg.entrypoint):
         out.append(("entrypoint", f"expected 'package.module:function', got {cfg.entrypoint!r}"))
     if not _PATH_PART.fullmatch(cfg.name) or cfg.name in (".", ".."):
@@ -124,6 +120,22 @@ def _model_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
         cfg.rollout, par.rollout_tensor, par.rollout_pipeline, cfg.model, facts, split_placement=split
     )[1]
     return [(p.key or "parallel", p.message) for p in problems]
+
+
+def _sampling_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
+    """The rollout's sampling settings (every engine reads them)."""
+    r = cfg.rollout
+    rules = [
+        ("rollout.temperature", r.temperature >= 0, f"must be >= 0 (0 = greedy), got {r.temperature}"),
+        ("rollout.top_p", 0 < r.top_p <= 1, f"must be in (0, 1] (1 = off), got {r.top_p}"),
+        ("rollout.top_k", r.top_k >= 0, f"must be >= 0 (0 = off), got {r.top_k}"),
+        (
+            "rollout.max_num_seqs",
+            r.max_num_seqs is None or 1 <= r.max_num_seqs <= 1 << 20,
+            f"must be in [1, 2^20] (or null: a rank's whole share at once), got {r.max_num_seqs}",
+        ),
+    ]
+    return [(key, message) for key, ok, message in rules if not ok]
 
 
 def _required_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:

@@ -290,9 +290,9 @@ def model_problems(layout: ParallelLayout, model: ModelDims) -> list[Problem]:
             "model.num_query_groups",
         ),
         (
-            groups % t == 0 or t % groups == 0,
-            f"rule kv_heads % t == 0 or t % kv_heads == 0 (megatron-core): "
-            f"num_query_groups={groups}, tensor={t}",
+            groups % t == 0,
+            f"rule kv_heads % t == 0: num_query_groups={groups} not divisible by tensor={t} (megatron-core's "
+            f"attention splits the kv heads over TP ranks)",
             "model.num_query_groups",
         ),
         (

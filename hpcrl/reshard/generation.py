@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 import torch
 
 from hpcrl.errors import ConfigError, Problem
-from hpcrl.reshard.engine import GenerationShard, assemble
+from hpcrl.reshard.engine import assemble
 from hpcrl.reshard.planner import RankPlan
 
 
@@ -95,7 +95,8 @@ class GenerationStore:
         self.wake()
 
     def wake(self) -> None:
-        """Allocate the buffer (if asleep) and point every bound parameter at its view."""
+        """Allocate the buffer (if asleep) and point every bound parameter at its view. A fresh buffer's
+        contents are undefined until the next sync writes it (the RL step syncs before generating)."""
         if self.flat is None:
             self.flat = torch.empty(self.numel, dtype=self.dtype, device=self.device)
         views = self.views()
@@ -109,14 +110,6 @@ class GenerationStore:
         for param in self._params.values():
             param.data = empty
         self.flat = None
-
-    def fill(self, shard: GenerationShard) -> int:
-        """Copy the generation shard's pieces into the store (waking it); returns the tensors written."""
-        self.wake()
-        return sum(
-            self.fill_stream(stream.name, lambda member, name=stream.name: shard.source(name, member))
-            for stream in self.plan.streams
-        )
 
     def fill_stream(self, stream: str, source: Callable[[int], torch.Tensor]) -> int:
         """Write the generation tensors made of `stream`'s pieces; `source(member)` is that member's flat

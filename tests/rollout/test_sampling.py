@@ -21,6 +21,9 @@ def test_top_k_and_top_p_keep_the_hand_computed_sets():
     # top-p smaller than the first token's mass still keeps that token
     assert torch.isfinite(filter_logits(logits, 0, 0.1)).tolist() == [[True, False, False, False, False]]
     assert torch.equal(filter_logits(logits, 0, 1.0), logits)
+    # even a degenerate top-p (rejected at expand, rules.py) never empties the set: argmax, not token 0
+    flat = torch.tensor([[0.1, 0.3, 5.0, 0.2]])
+    assert torch.isfinite(filter_logits(flat, 0, 0.0)).tolist() == [[False, False, True, False]]
 
 
 def test_greedy_and_logprob_contract():
@@ -80,3 +83,20 @@ def test_counter_hash_is_deterministic_and_mixes_every_key():
     assert torch.equal(out, counter_hash(keys.clone())[:, -1])
     assert len(set(out.tolist())) == 3
     assert row_seeds(3, 0, 10)[4:] == row_seeds(3, 4, 6) and row_seeds(3, 0, 4) != row_seeds(4, 0, 4)
+    # any Python int seed (a step seed is seed * 100003 + step): taken mod 2^64, never an overflow
+    assert row_seeds(10**30, 0, 2) == row_seeds(10**30 % 2**64, 0, 2) and len(row_seeds(-(10**20), 5, 3)) == 3
+
+
+def test_rollout_worker_takes_any_int_seed():
+    from hpcrl.rl.workers import RolloutWorker, Shards
+    from hpcrl.rollout.hf_engine import HFRolloutEngine, build_hf_causal_lm
+    from hpcrl.train.config import ModelConfig
+
+    cfg = ModelConfig(
+        vocab_size=16, hidden_size=32, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=64
+    )
+    worker = RolloutWorker(
+        HFRolloutEngine(build_hf_causal_lm(cfg), 0, 2, device="cpu"), Shards(0, 1), None, 0
+    )
+    out = worker.generate([[1, 5, 6], [1, 7]], SamplingParams(max_new_tokens=3), seed=10**14 * 100003 + 7)
+    assert out.response_ids_BT.shape == (2, 3)
