@@ -62,6 +62,18 @@ def outcome_to_token_rewards(scores_B: torch.Tensor, mask_BT: torch.Tensor) -> t
     return rewards_BT
 
 
+def kl_shaped_rewards(
+    scores_B: torch.Tensor, mask_BT: torch.Tensor, kl_BT: torch.Tensor, kl_coef: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """KL in the reward (`algorithm.kl_in_reward`; Ouyang et al. 2022, InstructGPT eq. 2; verl's
+    apply_kl_penalty): token rewards r_t = outcome·[t = last] − β·KL_t, and the sequence score every
+    outcome-only estimator (GRPO, RLOO, ReMax) reads is their sum, score − β·Σ_t KL_t (verl's
+    compute_advantage passes token_level_rewards.sum(-1) to them), so the penalty reaches every
+    estimator. Returns (scores_B, token_rewards_BT); padding carries no KL."""
+    token_rewards_BT = outcome_to_token_rewards(scores_B, mask_BT) - kl_coef * kl_BT * mask_BT
+    return token_rewards_BT.sum(dim=1), token_rewards_BT
+
+
 def discounted_returns(token_rewards_BT: torch.Tensor, mask_BT: torch.Tensor, gamma: float) -> torch.Tensor:
     """G_t = r_t + gamma * G_{t+1}, stopping at padding (returns are 0 on padding)."""
     returns_BT = torch.zeros_like(token_rewards_BT)

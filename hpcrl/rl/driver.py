@@ -27,7 +27,12 @@ import torch
 from hpcrl.data.cursor import PromptSampler
 from hpcrl.data.tasks import Example
 from hpcrl.rewards.scoring import BatchScorer, score_batch
-from hpcrl.rl.advantages import AdvantageInputs, compute_advantages, outcome_to_token_rewards
+from hpcrl.rl.advantages import (
+    AdvantageInputs,
+    compute_advantages,
+    kl_shaped_rewards,
+    outcome_to_token_rewards,
+)
 from hpcrl.rl.config import AlgorithmConfig
 from hpcrl.rl.experience import Experience
 from hpcrl.rl.losses import kl_penalty, masked_mean
@@ -185,14 +190,16 @@ class RLDriver:
         metrics["mismatch/logprob_max"] = float(delta.max()) if delta.numel() else 0.0
         metrics["mismatch/logprob_mean"] = float(delta.mean()) if delta.numel() else 0.0
         exp.tensors["old_logprobs"] = old_logp
-        token_rewards = outcome_to_token_rewards(exp.scores_B, mask)
+        scores = exp.scores_B
+        token_rewards = outcome_to_token_rewards(scores, mask)
         if pending_ref is not None:
             ref_logp, _ = response_logprobs(exp, pending_ref.result())
             exp.tensors["ref_logprobs"] = ref_logp
             kl_BT = kl_penalty(old_logp, ref_logp, self.algo.kl_estimator) * mask
             metrics["kl/ref"] = float(masked_mean(kl_BT, mask))
-            if self.algo.kl_in_reward:
-                token_rewards = token_rewards - self.algo.kl_coef * kl_BT
+            if self.algo.kl_in_reward:  # every estimator sees score - beta * sum_t KL_t
+                scores, token_rewards = kl_shaped_rewards(scores, mask, kl_BT, self.algo.kl_coef)
+                metrics["reward/kl_shaped_mean"] = float(scores.mean())
         values = None
         if pending_values is not None:
             values = exp.to_response(pending_values.result().values_BT) * mask
@@ -200,7 +207,7 @@ class RLDriver:
         out = compute_advantages(
             self.algo.name,
             AdvantageInputs(
-                scores_B=exp.scores_B,
+                scores_B=scores,
                 token_rewards_BT=token_rewards,
                 mask_BT=mask,
                 group_ids_B=exp.group_ids_B,

@@ -17,9 +17,22 @@ import torch.nn.functional as F
 LossAgg = Literal["token_mean", "seq_mean_token_sum", "seq_mean_token_mean"]
 
 
+LOG_RATIO_CLAMP = 20.0
+"""|log pi/pi_old| and |log pi_ref/pi| are clamped to this before exp (verl core_algos: +-20), so one
+extreme token cannot overflow exp to inf and turn the loss into inf or nan."""
+K3_CLAMP = 10.0
+"""The k3 KL estimate per token is clamped to [-10, 10] (verl's "low_var_kl")."""
+
+
+def masked(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """x where mask is set, else 0: a nan or inf at a masked (padding) position never enters the sum
+    (x * mask would give nan there)."""
+    return torch.where(mask.bool(), x, torch.zeros_like(x))
+
+
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """sum(x * mask) / sum(mask); 0 when the mask is empty."""
-    return (x * mask).sum() / mask.sum().clamp(min=1)
+    """sum over the mask of x / sum(mask); 0 when the mask is empty."""
+    return masked(x, mask).sum() / mask.sum().clamp(min=1)
 
 
 def agg_loss(loss_BT: torch.Tensor, mask_BT: torch.Tensor, mode: LossAgg, denominator: float | None = None):
@@ -32,8 +45,8 @@ def agg_loss(loss_BT: torch.Tensor, mask_BT: torch.Tensor, mode: LossAgg, denomi
     """
     if mode == "token_mean":
         denom = mask_BT.sum().clamp(min=1) if denominator is None else denominator
-        return (loss_BT * mask_BT).sum() / denom
-    seq_sums_B = (loss_BT * mask_BT).sum(dim=1)
+        return masked(loss_BT, mask_BT).sum() / denom
+    seq_sums_B = masked(loss_BT, mask_BT).sum(dim=1)
     if mode == "seq_mean_token_mean":
         seq_sums_B = seq_sums_B / mask_BT.sum(dim=1).clamp(min=1)
     elif mode != "seq_mean_token_sum":
@@ -47,7 +60,8 @@ class PolicyLossStats:
     clip_fraction: float
     """Share of real tokens whose ratio left [1-eps, 1+eps] on the side that the min() picked."""
     approx_kl: float
-    """k3 estimate of KL(old || new) over real tokens (how far this update moved)."""
+    """k3 estimate of KL(old || new) over real tokens (how far this update moved): with samples from
+    pi_old and r = pi/pi_old, k3 = (r - 1) - log r (Schulman 2020)."""
 
 
 def ppo_clip_loss(
@@ -60,16 +74,17 @@ def ppo_clip_loss(
     denominator: float | None = None,
 ) -> tuple[torch.Tensor, PolicyLossStats]:
     """PPO-clip (Schulman et al. 2017, "Proximal Policy Optimization", eq. 7), as a loss to minimise:
-    l_t = max(-A_t rho_t, -A_t clip(rho_t, 1-eps, 1+eps)),  rho_t = exp(logp_t - logp_old_t).
+    l_t = max(-A_t rho_t, -A_t clip(rho_t, 1-eps, 1+eps)),  rho_t = exp(clamp(logp_t - logp_old_t, +-20))
+    (the clamp as verl's: a finite loss even at a padded position with a garbage log-ratio).
     """
-    log_ratio_BT = logp_BT - old_logp_BT
+    log_ratio_BT = torch.clamp(logp_BT - old_logp_BT, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio_BT = torch.exp(log_ratio_BT)
     unclipped_BT = -advantages_BT * ratio_BT
     clipped_BT = -advantages_BT * torch.clamp(ratio_BT, 1.0 - clip_ratio, 1.0 + clip_ratio)
     loss_BT = torch.maximum(unclipped_BT, clipped_BT)
     with torch.no_grad():
         clip_fraction = masked_mean((clipped_BT > unclipped_BT).float(), mask_BT).item()
-        approx_kl = masked_mean(torch.exp(-log_ratio_BT) - 1 + log_ratio_BT, mask_BT).item()
+        approx_kl = masked_mean(ratio_BT - 1 - log_ratio_BT, mask_BT).item()
     return agg_loss(loss_BT, mask_BT, agg, denominator), PolicyLossStats(clip_fraction, approx_kl)
 
 
@@ -99,13 +114,15 @@ def kl_penalty(logp_BT: torch.Tensor, ref_logp_BT: torch.Tensor, estimator: str)
     """Per-token estimate of KL(pi || pi_ref) from samples of pi (Schulman 2020, "Approximating KL
     Divergence", http://joschu.net/blog/kl-approx.html), with log r = logp_ref - logp:
     k1 = -log r = logp - logp_ref (unbiased, high variance, can be negative);
-    k3 = (r - 1) - log r (unbiased, always >= 0; the GRPO paper's eq. 4 KL term).
+    k3 = (r - 1) - log r (unbiased, always >= 0; the GRPO paper's eq. 4 KL term), computed with log r
+    clamped to +-20 and the result to [-10, 10] as verl's low_var_kl (finite for any input).
     """
     log_r = ref_logp_BT - logp_BT
     if estimator == "k1":
         return -log_r
     if estimator == "k3":
-        return torch.exp(log_r) - 1 - log_r
+        log_r = torch.clamp(log_r, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        return torch.clamp(torch.exp(log_r) - 1 - log_r, -K3_CLAMP, K3_CLAMP)
     raise ValueError(f"unknown KL estimator {estimator!r}; known: k1, k3")
 
 

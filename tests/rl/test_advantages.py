@@ -119,3 +119,32 @@ def test_registry_covers_every_online_algorithm_and_checks_inputs():
         compute_advantages("remax", inp)
     with pytest.raises(ValueError, match="unknown advantage estimator 'a2c'"):
         compute_advantages("a2c", inp)
+
+
+@pytest.mark.parametrize("name", ["grpo", "rloo", "remax", "reinforce_pp", "ppo"])
+def test_kl_in_the_reward_changes_every_online_estimator(name):
+    """Issue 13: with kl_in_reward the outcome-only estimators used to read the raw scores, so KL had no
+    effect on grpo, rloo and remax. Now each sees score - beta * sum_t KL_t (verl's convention)."""
+    from hpcrl.rl.advantages import kl_shaped_rewards
+
+    gen = torch.Generator().manual_seed(0)
+    mask = torch.tensor([[1.0, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]])
+    scores = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    kl = torch.rand(4, 4, generator=gen) * mask
+    shaped_scores, shaped_tokens = kl_shaped_rewards(scores, mask, kl, kl_coef=0.5)
+    torch.testing.assert_close(shaped_scores, scores - 0.5 * (kl * mask).sum(1))
+    torch.testing.assert_close(shaped_tokens.sum(1), shaped_scores)
+
+    def advantages(s, tokens):
+        inp = AdvantageInputs(
+            scores_B=s,
+            token_rewards_BT=tokens,
+            mask_BT=mask,
+            group_ids_B=torch.tensor([0, 0, 1, 1]),
+            values_BT=torch.zeros(4, 4),
+            baseline_scores_B=torch.tensor([0.5, 0.5, 0.5, 0.5]),
+        )
+        return compute_advantages(name, inp).advantages_BT
+
+    plain = advantages(scores, outcome_to_token_rewards(scores, mask))
+    assert not torch.allclose(advantages(shaped_scores, shaped_tokens), plain)

@@ -12,6 +12,7 @@ from tests.rl._job_ranks import (
     heldout_curve,
     run_algorithms,
     run_job,
+    run_named,
     run_twice_with_resume,
     run_uninterrupted,
     run_with_flaky_reward,
@@ -90,6 +91,26 @@ def test_every_online_estimator_runs_a_step(tmp_path):
     assert results["grpo"]["actor/kl_loss"] >= 0 and results["grpo"]["actor/approx_kl"] > 0  # 2nd epoch moved
     for name, metrics in results.items():
         assert torch.isfinite(torch.tensor(metrics["actor/loss"])), name
+
+
+@pytest.mark.slow
+def test_kl_in_reward_changes_the_grpo_update(tmp_path):
+    """Issue 13: grpo with kl_in_reward used to update exactly as with kl_coef 0. Step 1's policy is the
+    reference (KL 0), so the runs agree there; from step 2 on the KL reaches the advantages."""
+    common = {"algorithm.steps": 3, "algorithm.eval_every": 0, "algorithm.prompts_per_step": 4}
+    named = [
+        ("no_kl", tiny_config(**common)),
+        ("kl_in_reward", tiny_config(**common, **{"algorithm.kl_coef": 1.0, "algorithm.kl_in_reward": True})),
+    ]
+    run_ranks(run_named, 1, named, str(tmp_path), timeout_s=300)
+    rows = {
+        name: [r for r in read_jsonl(tmp_path / name / "metrics.jsonl") if "actor/grad_norm" in r]
+        for name, _ in named
+    }
+    plain, shaped = rows["no_kl"], rows["kl_in_reward"]
+    assert plain[0]["actor/grad_norm"] == shaped[0]["actor/grad_norm"] and shaped[0]["kl/ref"] == 0
+    assert shaped[1]["kl/ref"] > 0 and shaped[1]["reward/kl_shaped_mean"] < shaped[1]["reward/mean"]
+    assert plain[1]["actor/grad_norm"] != shaped[1]["actor/grad_norm"]
 
 
 @pytest.mark.slow

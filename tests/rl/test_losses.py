@@ -100,3 +100,36 @@ def test_dpo_by_hand():
     # margin = .5 * ((-1 + 1.5) - (-2 + 1.5)) = .5
     assert loss.item() == pytest.approx(math.log1p(math.exp(-0.5)))
     assert stats.reward_accuracy == 1.0 and stats.reward_margin == pytest.approx(0.5)
+
+
+def test_approx_kl_is_k3_of_kl_old_new_from_old_samples():
+    """Samples from pi_old, r = pi/pi_old: k3 = r - 1 - log r, whose mean is KL(old || new) (issue 13:
+    the old code computed 1/r - 1 + log r, biased)."""
+    gen = torch.Generator().manual_seed(0)
+    old_probs = torch.tensor([0.5, 0.3, 0.2])
+    new_probs = torch.tensor([0.35, 0.4, 0.25])
+    tokens = torch.multinomial(old_probs, 200_000, replacement=True, generator=gen)[None]
+    _, stats = ppo_clip_loss(
+        new_probs.log()[tokens],
+        old_probs.log()[tokens],
+        torch.zeros_like(tokens, dtype=torch.float),
+        torch.ones_like(tokens, dtype=torch.float),
+        clip_ratio=0.2,
+    )
+    true_kl = float((old_probs * (old_probs / new_probs).log()).sum())
+    assert stats.approx_kl == pytest.approx(true_kl, rel=0.02)
+
+
+def test_an_overflowing_log_ratio_at_a_padded_position_leaves_the_loss_finite():
+    """A log-ratio of 100 where the mask is 0 (issue 13: nan before, from inf * 0)."""
+    logp = torch.tensor([[-1.0, 99.0]], requires_grad=True)
+    old = torch.tensor([[-1.2, -1.0]])
+    mask = torch.tensor([[1.0, 0.0]])
+    loss, stats = ppo_clip_loss(logp, old, torch.ones(1, 2), mask, clip_ratio=0.2)
+    loss.backward()
+    assert torch.isfinite(loss) and math.isfinite(stats.approx_kl) and torch.isfinite(logp.grad).all()
+    k3 = kl_penalty(torch.tensor([[0.0, -100.0]]), torch.tensor([[0.0, 100.0]]), "k3")
+    assert torch.isfinite(k3).all() and k3.max() == 10.0  # verl's clamp
+    from hpcrl.rl.losses import agg_loss
+
+    assert torch.isfinite(agg_loss(torch.tensor([[1.0, float("nan")]]), mask, "seq_mean_token_sum"))
