@@ -28,6 +28,7 @@ from hpcrl.rollout.base import RolloutEngine
 from hpcrl.rollout.config import RolloutConfig
 from hpcrl.rollout.engine_rule import sleeps_between_steps
 from hpcrl.rollout.factory import build_rollout_engine
+from hpcrl.rollout.megatron_engine import MegatronRolloutEngine
 from hpcrl.train.config import ModelConfig
 
 
@@ -89,24 +90,29 @@ def build_rollout_side(
     `generation_groups`: megatron groups at the generation layout (hpcrl.train.model.
     build_generation_groups; used by the megatron engine only). `tokens` = (pad_id, eos_id).
     """
-    pad_id, eos_id = tokens
     if engine_name == "megatron":
-        from hpcrl.rollout.megatron_engine import MegatronRolloutEngine
-
-        engine = MegatronRolloutEngine.build(model_cfg, generation_groups, pad_id, eos_id)
-        store = GenerationStore.for_engine(reshard)
-        store.bind(engine.global_params())
-
-        def sleep() -> None:
-            store.sleep()
-            reshard.release_staging()
-
-        return RolloutSide(
-            engine, ReshardHandoff(reshard, store=store), sleep if _sleeps(rollout_cfg) else None
-        )
+        return _megatron_side(rollout_cfg, model_cfg, reshard, generation_groups, tokens)
     if engine_name == "vllm" and layout.rollout_tensor > 1:
         return _vllm_spmd_side(rollout_cfg, model_cfg, layout, rank, reshard, tokens)
-    engine = build_rollout_engine(rollout_cfg, model_cfg, pad_id, eos_id)
+    return _whole_model_side(rollout_cfg, model_cfg, layout, rank, reshard, tokens)
+
+
+def _megatron_side(rollout_cfg, model_cfg, reshard, generation_groups, tokens) -> RolloutSide:
+    """megatron-core at the generation layout; its parameters are views of the store the reshard fills."""
+    engine = MegatronRolloutEngine.build(model_cfg, generation_groups, *tokens)
+    store = GenerationStore.for_engine(reshard)
+    store.bind(engine.global_params())
+
+    def sleep() -> None:
+        store.sleep()
+        reshard.release_staging()
+
+    return RolloutSide(engine, ReshardHandoff(reshard, store=store), sleep if _sleeps(rollout_cfg) else None)
+
+
+def _whole_model_side(rollout_cfg, model_cfg, layout, rank, reshard, tokens) -> RolloutSide:
+    """hf, or vllm at t_g = 1: the generation shard converted to HF names and copied in."""
+    engine = build_rollout_engine(rollout_cfg, model_cfg, *tokens)
 
     def deliver(shard) -> int:
         if hasattr(engine, "wake_up"):
