@@ -19,6 +19,7 @@ sync and re-points the parameters.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 
 import torch
@@ -26,13 +27,6 @@ import torch
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.reshard.engine import assemble
 from hpcrl.reshard.planner import RankPlan
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for size in shape:
-        n *= size
-    return n
 
 
 class GenerationStore:
@@ -44,7 +38,7 @@ class GenerationStore:
         offset = 0
         for gen in plan.gen:
             self.offsets[gen.name] = offset
-            offset += _numel(gen.shape)
+            offset += math.prod(gen.shape)
         self.numel = offset
         self.flat: torch.Tensor | None = None
         self._params: dict[str, torch.Tensor] = {}
@@ -68,7 +62,7 @@ class GenerationStore:
         if self.flat is None:
             raise RuntimeError("generation store is asleep: wake() it first")
         return {
-            gen.name: self.flat[self.offsets[gen.name] : self.offsets[gen.name] + _numel(gen.shape)].view(
+            gen.name: self.flat[self.offsets[gen.name] : self.offsets[gen.name] + math.prod(gen.shape)].view(
                 gen.shape
             )
             for gen in self.plan.gen

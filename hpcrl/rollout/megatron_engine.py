@@ -47,8 +47,6 @@ from hpcrl.train.model import (
     named_global_params,
 )
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
 
 def filter_logits(logits_BV: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     """Top-k then nucleus (top-p) truncation: logits outside the kept set become -inf.
@@ -101,8 +99,8 @@ class MegatronRolloutEngine:
     ):
         self.model, self.cfg, self.groups = model.eval(), cfg, groups
         self.pad_id, self.eos_id = pad_id, eos_id
-        self.device = next(model.parameters()).device
-        self.dtype = _DTYPES[cfg.dtype]
+        sample = next(model.parameters())
+        self.device, self.dtype = sample.device, sample.dtype
 
     @classmethod
     def build(cls, cfg: ModelConfig, groups: TrainGroups, pad_id: int, eos_id: int) -> MegatronRolloutEngine:
