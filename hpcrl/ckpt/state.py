@@ -40,6 +40,15 @@ class RunState:
         return cls(**data)
 
 
+def seed_rngs(seed: int) -> None:
+    """Seed every RNG `capture_rng` saves: python's, numpy's global and torch's (CPU and every CUDA
+    device), so a fresh run's states are a function of `seed` (issue 14: python and numpy were saved on
+    checkpoint but never seeded, so they differed on every run)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)  # numpy's legacy seed takes 32 bits
+    torch.manual_seed(seed % 2**63)
+
+
 def capture_rng() -> dict[str, Any]:
     """This process's python, numpy and torch (CPU, and CUDA when present) RNG states as JSON."""
     version, mt_state, gauss_next = random.getstate()

@@ -120,10 +120,13 @@ def _pool_groups(cfg: ExperimentConfig, pools: Pools):
     from hpcrl.train.model import build_train_groups
 
     p = cfg.parallel
-    actor = build_train_groups(p.tensor, p.pipeline, p.data, rank_offset=pools.actor.start)
+    kwargs = {
+        "timeout_s": p.timeout_s
+    }  # a dead peer is an error after parallel.timeout_s, not torch's default
+    actor = build_train_groups(p.tensor, p.pipeline, p.data, rank_offset=pools.actor.start, **kwargs)
     if pools.models == pools.actor:
         return actor, actor
-    return actor, build_train_groups(p.tensor, p.pipeline, p.data, rank_offset=pools.models.start)
+    return actor, build_train_groups(p.tensor, p.pipeline, p.data, rank_offset=pools.models.start, **kwargs)
 
 
 @dataclass

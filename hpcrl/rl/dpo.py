@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from hpcrl.ckpt.state import seed_rngs
 from hpcrl.config.experiment import ExperimentConfig
 from hpcrl.data.cursor import PromptSampler
 from hpcrl.data.preference import PreferencePair
@@ -235,7 +236,7 @@ def main(cfg: ExperimentConfig, run_dir: Path) -> dict:
 
     rank, _ = enter_rank(cfg, run_dir, dpo_problems)
     run_dir = Path(run_dir)
-    torch.manual_seed(cfg.seed)
+    seed_rngs(cfg.seed)
     start = time.perf_counter()
     driver = build_dpo_driver(cfg)
     logger = MetricsLogger(cfg.logging, run_dir, cfg.algorithm.steps, is_main=rank == 0)

@@ -14,9 +14,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 
+from hpcrl.ckpt.state import seed_rngs
 from hpcrl.config.experiment import ExperimentConfig
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.rollout.engine_rule import EngineFacts
@@ -111,7 +111,7 @@ def main(cfg: ExperimentConfig, run_dir: Path) -> dict:
 
     rank, world = enter_rank(cfg, run_dir, config_problems)
     run_dir = Path(run_dir)
-    torch.manual_seed(cfg.seed)
+    seed_rngs(cfg.seed)
     start = time.perf_counter()
     job = build_job(cfg, run_dir, rank, world)
     final = job.driver.final_evaluation if cfg.algorithm.eval_every else None

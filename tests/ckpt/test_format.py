@@ -206,3 +206,19 @@ def test_sharded_save_of_one_process_round_trips(tmp_path):
     Checkpointer(tmp_path).save(1, rank_shards(tensors, 0, 1, 1), RunState(step=1))
     loaded = load_checkpoint(tmp_path, rank_specs(tensors, 0, 1, 1))
     assert all(torch.equal(loaded.tensors[n], t) for n, t in tensors.items())
+
+
+def test_seed_rngs_makes_every_saved_rng_a_function_of_the_seed():
+    """Issue 14: python's and numpy's RNGs were checkpointed but never seeded (different on every run)."""
+    from hpcrl.ckpt.state import capture_rng, seed_rngs
+
+    def draws():
+        return random.random(), float(np.random.rand()), float(torch.rand(()))
+
+    seed_rngs(7)
+    first, state = draws(), capture_rng()
+    seed_rngs(7)
+    assert draws() == first and capture_rng() == state
+    seed_rngs(8)
+    assert all(a != b for a, b in zip(draws(), first, strict=True))
+    seed_rngs(10**30)  # any int seed
