@@ -13,13 +13,14 @@
 | plan.py         | one metadata all-gather -> owner of every shard (lowest rank of its replicas), file and dataset names |
 | rankfile.py     | one rank's HDF5 file: contiguous datasets, raw `pwrite` of the bytes, fsync, segment checksums |
 | integrity.py    | fsync helpers, durable small writes, XXH3-128 segment checksums aligned to dataset boundaries |
-| manifest.py     | `manifest.json` schema (shapes, dtypes, shards, files, checksums, fingerprints, RNG, state) |
+| manifest.py     | `manifest.json` schema and self-consistency (shapes, dtypes, shards, files, checksums, fingerprints, RNG, state) |
 | save.py         | write -> per-rank record -> rank 0 commits; sync path with failure agreement |
-| commit.py       | `step_N.tmp-*` -> `step_N` -> `latest`; keep-last-k; leftovers of crashes |
+| commit.py       | `step_N.tmp-*` -> `step_N` -> `latest`; keep-last-k; leftovers of crashes; `.rejected-*` |
 | checkpointer.py | `Checkpointer`: sync/async save (one save in flight, snapshot and write threads), fence, load |
 | snapshot.py     | async save's host snapshot (reused buffers), its fence, the guard failing a save on unfenced writes |
-| load.py         | candidates, verification agreed across ranks, fallback, hyperslab reads counted exactly |
-| verify.py       | file/segment verification naming file and tensor |
+| load.py         | candidates, verification agreed across ranks, fallback (rejected ones set aside), hyperslab reads counted exactly |
+| trust.py        | the trust boundary: paths stay in the step dir, HDF5 datasets plain and as the manifest says |
+| verify.py       | file/segment verification naming file and tensor; `hpcrl ckpt check`'s full verification |
 | partition.py    | shard specs of another (t, p, d) from the manifest's partition annotations |
 | state.py        | `RunState` and RNG states as JSON (no pickle on any load path) |
 | collectives.py  | the few collectives, over an explicit group, JSON in uint8 tensors (no pickle) |

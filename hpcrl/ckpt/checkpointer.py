@@ -33,11 +33,11 @@ import torch.distributed as dist
 
 from hpcrl.ckpt.collectives import group_rank
 from hpcrl.ckpt.config import CheckpointConfig
-from hpcrl.ckpt.load import Loaded, load_checkpoint
+from hpcrl.ckpt.load import Loaded, SpecSource, load_checkpoint
 from hpcrl.ckpt.manifest import CheckpointError
 from hpcrl.ckpt.plan import plan_save
 from hpcrl.ckpt.save import SaveJob, abort_save, commit_save, mark_failed, run_sync, tidy_root, write_rank
-from hpcrl.ckpt.shards import ShardedTensor, ShardSpec
+from hpcrl.ckpt.shards import ShardedTensor
 from hpcrl.ckpt.snapshot import HostBuffers, InFlightSave
 from hpcrl.ckpt.state import RunState, capture_rng
 
@@ -146,13 +146,19 @@ class Checkpointer:
                     executor.shutdown()
                 self._stages = None
 
-    def load(
-        self, specs: list[ShardSpec], *, fallback: bool = False, expect_run_id: str | None = None
-    ) -> Loaded:
-        """Load the newest verified checkpoint under this root into tensors shaped by `specs`."""
+    def load(self, specs: SpecSource, *, fallback: bool = False, expect_run_id: str | None = None) -> Loaded:
+        """Load the newest verified checkpoint under this root into tensors shaped by `specs` (or by
+        `specs(manifest)`); NoCheckpoint when none is committed. With `fallback`, the checkpoints it had
+        to reject are set aside (`step_N.rejected-<UTC time>`): this checkpointer commits into the same
+        root, and a rejected `step_N` left in place would refuse its next commit of step N."""
         self.wait()
         return load_checkpoint(
-            self.root, specs, group=self.group, fallback=fallback, expect_run_id=expect_run_id
+            self.root,
+            specs,
+            group=self.group,
+            fallback=fallback,
+            expect_run_id=expect_run_id,
+            set_aside_rejected=fallback,
         )
 
     @classmethod

@@ -41,21 +41,19 @@ def main(args) -> int:
 
 
 def _resolve(path_text: str):
+    """(the checkpoint directory to use, the root it was found under or None when named itself)."""
     from pathlib import Path
 
-    from hpcrl.ckpt.commit import candidates
-    from hpcrl.ckpt.manifest import MANIFEST
+    from hpcrl.ckpt.trust import checkpoint_dirs
     from hpcrl.errors import ConfigError, Problem
 
     path = Path(path_text)
-    if (path / MANIFEST).exists():
-        return path
-    found = candidates(path) if path.is_dir() else []
+    found, root = checkpoint_dirs(path)
     if not found:
         raise ConfigError(
             Problem(f"{path}: no checkpoint (no manifest.json, no committed step_N)", key="checkpoint")
         )
-    return found[0]
+    return found[0], root
 
 
 def _check(args) -> int:
@@ -66,7 +64,7 @@ def _check(args) -> int:
     from hpcrl.ckpt.verify import verify_directory
     from hpcrl.errors import ConfigError, Problem
 
-    directory = _resolve(args.checkpoint)
+    directory, root = _resolve(args.checkpoint)
     layout = None
     if args.layout is not None:
         try:
@@ -74,7 +72,7 @@ def _check(args) -> int:
         except (ValueError, ConfigError) as err:
             raise ConfigError(Problem(str(err), key="--layout")) from err
     try:
-        manifest = verify_directory(directory)
+        manifest = verify_directory(directory, root)
     except CorruptCheckpoint as err:
         print(f"hpcrl ckpt check: CORRUPT: {err}", file=sys.stderr)
         return 1
@@ -109,8 +107,10 @@ def _check(args) -> int:
 
 def _export(args) -> int:
     from hpcrl.ckpt.export import export_hf
+    from hpcrl.ckpt.trust import check_step_dir
 
-    directory = _resolve(args.checkpoint)
+    directory, root = _resolve(args.checkpoint)
+    check_step_dir(directory, root)
     out = export_hf(directory, args.hf, prefix=args.prefix)
     print(f"wrote {out}")
     return 0

@@ -4,24 +4,33 @@
     root/step_00000010/               committed: renamed from tmp after every file and the dir were fsynced
     root/latest                       "step_00000010" — replaced atomically (tmp + rename + fsync)
     root/step_00000004.trash-<token>/ being deleted by keep-last-k (ignored by readers)
+    root/step_00000012.rejected-<UTC time>/  failed verification on a load that fell back past it: kept
+                                      for inspection, never read, pruned or committed over (`set_aside`)
 
 A crash at any moment leaves `latest` naming a complete, committed directory (or no `latest` before
 the first commit). Old checkpoints are deleted only after the new one committed and verified, and a
 directory is first renamed out of the `step_N` namespace, so a half-deleted one is never trusted.
+Readers treat `latest` as the newest step they may use (directories above it are an abandoned future);
+without a usable `latest` (missing, empty, garbled) they consider every committed directory.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
 import threading
+from datetime import datetime, timezone
 from pathlib import Path
 
 from hpcrl.ckpt.integrity import fsync_dir, write_durable
 from hpcrl.ckpt.manifest import CheckpointError
 
+log = logging.getLogger(__name__)
+
 LATEST = "latest"
+REJECTED = ".rejected-"
 _COMMITTED = re.compile(r"^step_(\d+)$")
 
 
@@ -41,26 +50,49 @@ def committed(root: Path) -> list[tuple[int, Path]]:
     return sorted(found, reverse=True)
 
 
+def step_of(path: Path) -> int | None:
+    """N of a `step_N` directory name, else None."""
+    match = _COMMITTED.match(path.name)
+    return int(match.group(1)) if match else None
+
+
 def read_latest(root: Path) -> Path | None:
-    """The directory `latest` names, or None when there is no `latest` yet."""
+    """The directory `latest` names, or None when there is no usable `latest`: none yet, unreadable,
+    empty, garbled, or naming a directory that is not there. A damaged root must stop neither a save nor
+    a resume: readers then consider every committed directory (`candidates`)."""
     try:
         name = (root / LATEST).read_text().strip()
-    except FileNotFoundError:
+    except (OSError, ValueError):  # missing, a directory, not UTF-8
         return None
-    if not _COMMITTED.match(name):
-        raise CheckpointError(f"{root / LATEST}: does not name a step directory: {name!r}")
+    if not _COMMITTED.match(name) or not os.path.lexists(root / name):
+        return None
     return root / name
 
 
 def candidates(root: Path) -> list[Path]:
-    """Directories a reader may trust, in order: `latest`'s target, then older committed ones."""
+    """Committed directories a reader may try, newest first: `latest`'s target and older ones (never one
+    newer than `latest`: `remove_leftovers`); all of them when there is no usable `latest`."""
     latest = read_latest(root)
-    older = [p for _, p in committed(root) if p != latest]
-    if latest is not None:
-        newer_than_latest = [p for p in older if _step(p) > _step(latest)]
-        older = [p for p in older if p not in newer_than_latest]
-        return [latest, *older]
-    return older
+    if latest is None and os.path.lexists(root / LATEST):
+        log.warning("%s: names no step directory; trying every committed checkpoint", root / LATEST)
+    bound = None if latest is None else _step(latest)
+    return [p for step, p in committed(root) if bound is None or step <= bound]
+
+
+def set_aside(path: Path) -> Path:
+    """Rename a checkpoint that failed verification to `<name>.rejected-<UTC time>`: out of the `step_N`
+    namespace (a rerun that reaches step N again commits it anew), kept on disk for inspection."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+    target = path.with_name(f"{path.name}{REJECTED}{stamp}")
+    os.rename(path, target)
+    fsync_dir(path.parent)
+    return target
+
+
+def publish(root: Path, directory: Path) -> None:
+    """Point `latest` at `directory` (atomically, durably): after a commit, or after a load that set
+    newer checkpoints aside, so that the directories above it are again an abandoned future."""
+    write_durable(root / LATEST, (directory.name + "\n").encode())
 
 
 def commit(tmp: Path, root: Path, step: int) -> Path:
@@ -71,7 +103,7 @@ def commit(tmp: Path, root: Path, step: int) -> Path:
     fsync_dir(tmp)
     os.rename(tmp, final)
     fsync_dir(root)
-    write_durable(root / LATEST, (final.name + "\n").encode())
+    publish(root, final)
     return final
 
 

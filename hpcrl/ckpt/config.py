@@ -19,11 +19,13 @@ class CheckpointConfig:
     async_save: bool = True
     """Snapshot to host memory and write in the background; at most one save in flight."""
     resume: Literal["auto", "never"] = "auto"
-    """auto: resume from `latest` when it verifies (and after a Slurm requeue)."""
+    """auto: resume from the newest committed checkpoint that verifies: `latest`, else (see `fallback`) an
+    older one (also after a Slurm requeue); never: start afresh."""
     save_on_exit: bool = True
     """Save at the end of the run."""
     fallback: bool = True
-    """On resume, fall back to the previous committed checkpoint when `latest` does not verify."""
+    """On resume, fall back to the previous committed checkpoint when `latest` does not verify; the
+    rejected one is renamed `step_N.rejected-<UTC time>` (kept for inspection; it never blocks a commit)."""
     deadline_safety: float = 1.5
     """Save and stop when the job's time left < this x (slowest step + slowest save)."""
     timeout_s: float = 600.0

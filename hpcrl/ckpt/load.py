@@ -5,15 +5,20 @@ reads S ∩ T with an h5py partial read (`read_direct` with a hyperslab selectio
 matching slice of T's buffer. Saved shards tile the tensor exactly once, so the bytes read equal T's
 bytes — counted exactly in `Loaded.bytes_read`.
 
-Before any tensor is read, every rank checks the manifest, the compatibility of its specs, and the
-checksums of the blocks it is about to read (plus the file structure); the ranks then agree (one
-all-reduce) on whether the candidate is good. With `fallback=True` they move on to the previous committed
-checkpoint together. Files are opened read-only: a failed load never modifies a checkpoint.
+Before any tensor byte is copied, every rank checks its candidate: the trust rules (hpcrl.ckpt.trust:
+paths, HDF5 structure, dtypes and shapes against the manifest), the manifest (schema, self-consistency),
+its specs against the manifest, its RNG state, and the checksums of the blocks it is about to read. The
+ranks then agree (one all-reduce) on whether the candidate is good, and on a rejection share their
+reasons (one all-gather). With `fallback=True` they move on to the previous committed checkpoint
+together. Files are opened read-only: a failed load never modifies a checkpoint; a load that fell back
+renames the rejected newer ones aside only when its caller owns the root and asks (`set_aside_rejected`).
 """
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,8 +27,8 @@ import h5py
 import torch
 import torch.distributed as dist
 
-from hpcrl.ckpt.collectives import group_rank, max_over_ranks
-from hpcrl.ckpt.commit import candidates
+from hpcrl.ckpt.collectives import all_gather_json, group_rank, max_over_ranks
+from hpcrl.ckpt.commit import LATEST, publish, set_aside
 from hpcrl.ckpt.manifest import (
     MANIFEST,
     CheckpointError,
@@ -33,14 +38,24 @@ from hpcrl.ckpt.manifest import (
     read_manifest,
 )
 from hpcrl.ckpt.shards import Box, ShardSpec, storage_dtype, torch_dtype
-from hpcrl.ckpt.state import RunState
+from hpcrl.ckpt.state import RunState, check_rng
+from hpcrl.ckpt.trust import check_datasets, check_manifest, check_step_dir, checkpoint_dirs
 from hpcrl.ckpt.verify import verify_files
 
+log = logging.getLogger(__name__)
+
 _OK, _CORRUPT, _MISMATCH = 0, 1, 2
+
+SpecSource = list[ShardSpec] | Callable[[Manifest], list[ShardSpec]]
+"""A rank's shard specs, or a function of a candidate checkpoint's manifest that returns them."""
 
 
 class CheckpointMismatch(CheckpointError):
     """The checkpoint cannot load under the requested shard specs (another model or an impossible layout)."""
+
+
+class NoCheckpoint(CheckpointError):
+    """There is no committed checkpoint under the root (a run with nothing to resume starts afresh)."""
 
 
 @dataclass
@@ -87,7 +102,7 @@ def can_load(root: str | Path, specs: list[ShardSpec]) -> list[str]:
     """Check without loading: why `specs` cannot load from the newest checkpoint under `root` (or from
     `root` itself); empty when they can. Reads only the manifest — no tensor, no checksum."""
     root = Path(root)
-    dirs = [root] if (root / MANIFEST).exists() else candidates(root)
+    dirs, _ = checkpoint_dirs(root)
     if not dirs:
         return [f"{root}: no committed checkpoint"]
     try:
@@ -111,64 +126,167 @@ def plan_reads(manifest: Manifest, specs: list[ShardSpec]) -> dict[str, list[tup
 
 def load_checkpoint(
     root: str | Path,
-    specs: list[ShardSpec],
+    specs: SpecSource,
     *,
     group: dist.ProcessGroup | None = None,
     fallback: bool = False,
     expect_run_id: str | None = None,
+    set_aside_rejected: bool = False,
 ) -> Loaded:
-    """Load `specs` from the newest good checkpoint under `root` (or from `root` itself if it is one)."""
+    """Load `specs` from the newest good checkpoint under `root` (or from `root` itself if it is one).
+
+    `specs`: this rank's shard specs, or a function of a candidate's manifest returning them (it may
+    raise ValueError, KeyError or TypeError to reject the candidate, e.g. for run state the job cannot
+    use). Every rank checks a candidate before any tensor byte is copied, then all agree on one verdict.
+    `fallback`: on a rejection, all move on to the next older candidate. `set_aside_rejected`: once one
+    loads, group rank 0 renames the rejected newer ones out of the `step_N` namespace (commit.set_aside),
+    so a rerun can commit those steps again; the owner of the root asks for it (`Checkpointer.load`)."""
     root = Path(root)
-    dirs = [root] if (root / MANIFEST).exists() else candidates(root)
+    dirs, under = _agreed_dirs(root, group)
     if not dirs:
-        raise CheckpointError(f"{root}: no committed checkpoint")
-    skipped: list[str] = []
+        raise NoCheckpoint(f"{root}: no committed checkpoint")
+    rejected: list[tuple[Path, str]] = []
     for directory in dirs:
-        outcome, message, prepared = _prepare(directory, specs, expect_run_id)
+        outcome, message, prepared = _prepare(directory, under, specs, expect_run_id, group)
         verdict = max_over_ranks(outcome, group)
         if verdict == _OK:
-            manifest, reads, hashed = prepared
-            tensors, nbytes = _read(directory, specs, reads)
-            return Loaded(
-                directory,
-                manifest,
-                tensors,
-                RunState.from_json(manifest.state),
-                manifest.rng.get(str(group_rank(group))),
-                nbytes,
-                hashed,
-                skipped,
-            )
-        message = message or f"{directory}: rejected by another rank"
+            _report(rejected, directory if set_aside_rejected and under is not None else None, group)
+            return _load(directory, prepared, [why for _, why in rejected])
+        message = _reasons(directory, message, group)
         if verdict == _MISMATCH:
             raise CheckpointMismatch(message)
         if not fallback:
             raise CorruptCheckpoint(message)
-        skipped.append(message)
-    raise CorruptCheckpoint(f"{root}: no checkpoint verifies: " + " | ".join(skipped))
+        rejected.append((directory, message))
+    raise CorruptCheckpoint(f"{root}: no checkpoint verifies: " + " | ".join(why for _, why in rejected))
 
 
-def _prepare(directory: Path, specs: list[ShardSpec], expect_run_id: str | None) -> tuple[int, str, Any]:
+@dataclass
+class _Prepared:
+    manifest: Manifest
+    specs: list[ShardSpec]
+    reads: dict[str, list[tuple[ShardEntry, Box]]]
+    hashed: int
+    state: RunState
+    rng: dict[str, Any] | None
+
+
+def _agreed_dirs(root: Path, group: dist.ProcessGroup | None) -> tuple[list[Path], Path | None]:
+    """Group rank 0's candidates (`trust.checkpoint_dirs`) on every rank: on a shared file system ranks
+    may briefly list different directories, and ranks trying different ones would pair up their
+    collectives wrongly. A rank that cannot see a directory rejects it like a damaged one."""
+    dirs, under = checkpoint_dirs(root)
+    if group is None:
+        return dirs, under
+    agreed = all_gather_json({"dirs": [str(d) for d in dirs], "under": under is not None}, group)[0]
+    return [Path(d) for d in agreed["dirs"]], root if agreed["under"] else None
+
+
+def _prepare(
+    directory: Path,
+    under: Path | None,
+    specs: SpecSource,
+    expect_run_id: str | None,
+    group: dist.ProcessGroup | None,
+) -> tuple[int, str, _Prepared | None]:
+    """This rank's verdict on `directory` and what it needs to read it; never raises (it must vote)."""
     try:
+        check_step_dir(directory, under)
         manifest = read_manifest(directory)
-        if expect_run_id is not None and manifest.state.get("run_id") != expect_run_id:
+        check_manifest(directory, manifest)
+        state = RunState.from_json(manifest.state)  # cannot fail: read_manifest checked it
+        if expect_run_id is not None and state.run_id != expect_run_id:
             raise CorruptCheckpoint(
-                f"{directory / MANIFEST}: written by run {manifest.state.get('run_id')!r}, expected {expect_run_id!r}"
+                f"{directory / MANIFEST}: written by run {state.run_id!r}, expected {expect_run_id!r}"
             )
-        problems = compatibility_problems(manifest, specs)
+        rng = _own_rng(directory, manifest, group_rank(group))
+        wanted = _specs_for(directory, manifest, specs)
+        problems = compatibility_problems(manifest, wanted)
         if problems:
-            return _MISMATCH, f"{directory}: cannot load: " + "; ".join(problems), None
-        reads = plan_reads(manifest, specs)
+            return _MISMATCH, f"{directory / MANIFEST}: cannot load: " + "; ".join(problems), None
+        reads = plan_reads(manifest, wanted)
         needs: dict[str, set[str]] = defaultdict(set)
         for hits in reads.values():
             for shard, _ in hits:
                 needs[shard.file].add(shard.dataset)
         hashed = verify_files(directory, manifest, dict(needs))
+        whole = check_datasets(directory, manifest, dict(needs))
+        if whole:  # datasets whose bytes no checksum segment is tied to: verify those files whole
+            hashed += verify_files(directory, manifest, dict.fromkeys(whole))
     except CorruptCheckpoint as err:
         return _CORRUPT, str(err), None
-    except (OSError, ValueError, KeyError) as err:  # unreadable files: this rank must still vote, not raise
-        return _CORRUPT, f"{directory}: {err!r}", None
-    return _OK, "", (manifest, reads, hashed)
+    except (OSError, ValueError, KeyError) as err:  # e.g. an I/O error: this rank must still vote
+        return _CORRUPT, f"{directory}: unreadable: {err!r}", None
+    return _OK, "", _Prepared(manifest, wanted, reads, hashed, state, rng)
+
+
+def _own_rng(directory: Path, manifest: Manifest, rank: int) -> dict[str, Any] | None:
+    """This rank's saved RNG state, checked to restore (None: no rank of this number saved)."""
+    rng = manifest.rng.get(str(rank))
+    if rng is not None:
+        try:
+            check_rng(rng)
+        except ValueError as err:
+            raise CorruptCheckpoint(f"{directory / MANIFEST}: rank {rank}: {err}") from None
+    return rng
+
+
+def _specs_for(directory: Path, manifest: Manifest, specs: SpecSource) -> list[ShardSpec]:
+    if not callable(specs):
+        return list(specs)
+    try:
+        return list(specs(manifest))
+    except (ValueError, KeyError, TypeError) as err:
+        raise CorruptCheckpoint(f"{directory / MANIFEST}: not usable by this job: {err!r}") from None
+
+
+def _reasons(directory: Path, message: str, group: dist.ProcessGroup | None) -> str:
+    """Every rank's reason for a rejection (one all-gather, only on a rejection), so the error and the
+    warning on every rank say which file broke which rule, not just that another rank said no."""
+    if group is None:
+        return message
+    gathered = all_gather_json(message, group)
+    if len(gathered) == 1:
+        return gathered[0]
+    reasons = [f"rank {rank}: {why}" for rank, why in enumerate(gathered) if why]
+    return "; ".join(reasons) or f"{directory}: rejected"
+
+
+def _report(rejected: list[tuple[Path, str]], loaded: Path | None, group: dist.ProcessGroup | None) -> None:
+    """After a load that fell back (every rank agreed on every rejection): group rank 0 warns what was
+    rejected and why. With `loaded` (the owner of the root asked) it also renames each rejected directory
+    aside and points `latest` at the one that loaded, so the root is consistent again."""
+    if group_rank(group) != 0 or not rejected:
+        return
+    for directory, why in rejected:
+        if loaded is None:
+            log.warning("checkpoint %s rejected: %s", directory, why)
+            continue
+        try:
+            target = set_aside(directory)
+        except OSError as err:
+            log.warning("checkpoint %s rejected: %s; could not set it aside: %s", directory, why, err)
+            continue
+        log.warning("checkpoint %s rejected and set aside as %s: %s", directory, target.name, why)
+    if loaded is not None:
+        try:
+            publish(loaded.parent, loaded)
+        except OSError as err:  # readers bound by a stale `latest` still find `loaded` or an older one
+            log.warning("could not point %s at %s: %s", loaded.parent / LATEST, loaded.name, err)
+
+
+def _load(directory: Path, prepared: _Prepared, skipped: list[str]) -> Loaded:
+    tensors, nbytes = _read(directory, prepared.specs, prepared.reads)
+    return Loaded(
+        directory,
+        prepared.manifest,
+        tensors,
+        prepared.state,
+        prepared.rng,
+        nbytes,
+        prepared.hashed,
+        skipped,
+    )
 
 
 def _read(

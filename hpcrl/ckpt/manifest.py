@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpcrl.ckpt.shards import Box
+from hpcrl.ckpt.shards import DTYPE_NAMES, Box, check_box, check_partition, check_tiling, itemsize
+from hpcrl.ckpt.state import RunState
 
 FORMAT = "hpcrl-ckpt/1"
 MANIFEST = "manifest.json"
@@ -131,43 +132,193 @@ class Manifest:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Manifest:
+    def from_json(cls, data: Any) -> Manifest:
+        """Parse and check a manifest: every field's type (`ManifestError` names the field), then that
+        it agrees with itself (`check_consistent`), so nothing downstream meets a value of the wrong kind."""
+        data = _obj(data, "manifest")
         if data.get("format") != FORMAT:
             raise ValueError(f"format is {data.get('format')!r}, expected {FORMAT!r}")
         manifest = cls(
-            step=int(data["step"]),
-            world_size=int(data["world_size"]),
-            layout=dict(data["layout"]),
+            step=_count(_get(data, "step", "manifest"), "step"),
+            world_size=_count(_get(data, "world_size", "manifest"), "world_size"),
+            layout=_obj(_get(data, "layout", "manifest"), "layout"),
             tensors={
-                name: TensorEntry(
-                    tuple(t["global_shape"]),
-                    t["dtype"],
-                    {k: int(v) for k, v in t["partition"].items()},
-                    [
-                        ShardEntry(tuple(s["offset"]), tuple(s["shape"]), s["file"], s["dataset"])
-                        for s in t["shards"]
-                    ],
-                )
-                for name, t in data["tensors"].items()
+                _str(name, "tensor name"): _tensor(t, f"tensor {name!r}")
+                for name, t in _obj(_get(data, "tensors", "manifest"), "tensors").items()
             },
             files={
-                name: FileEntry(
-                    int(f["size"]),
-                    [(int(lo), int(hi), str(d)) for lo, hi, d in f["segments"]],
-                    f["digest"],
-                    {k: int(v) for k, v in f["byte_offsets"].items()},
-                )
-                for name, f in data["files"].items()
+                _str(name, "file name"): _file(f, f"file {name!r}")
+                for name, f in _obj(_get(data, "files", "manifest"), "files").items()
             },
-            rng=dict(data["rng"]),
-            state=dict(data["state"]),
-            hpcrl_version=data["hpcrl_version"],
-            extra=dict(data.get("extra", {})),
+            rng=_obj(_get(data, "rng", "manifest"), "rng"),
+            state=_obj(_get(data, "state", "manifest"), "state"),
+            hpcrl_version=_str(_get(data, "hpcrl_version", "manifest"), "hpcrl_version"),
+            extra=_obj(data.get("extra", {}), "extra"),
         )
         for key in ("model_fingerprint", "shard_fingerprint"):
             if data.get(key) != getattr(manifest, key):
                 raise ValueError(f"{key} does not match the tensors the manifest lists")
+        check_consistent(manifest)
         return manifest
+
+
+class ManifestError(ValueError):
+    """A manifest that is valid JSON but breaks the schema or contradicts itself; names the field."""
+
+
+def check_consistent(manifest: Manifest) -> None:
+    """The rules a manifest obeys by construction (ManifestError otherwise): known dtypes; every tensor's
+    shards lie inside it and tile it exactly once; every shard names a listed file and a dataset no other
+    shard names; each file's segments cover it exactly once; recorded dataset byte ranges lie inside
+    their file without overlapping (so a dataset's checksum segments are its own); state is a RunState
+    whose step is the manifest's. (A file's `digest` is a summary nothing is verified against.)"""
+    stored: dict[tuple[str, str], str] = {}
+    for name, tensor in manifest.tensors.items():
+        _check_tensor(name, tensor, manifest.files)
+        for shard in tensor.shards:
+            label = f"{name}{shard.box.describe()}"
+            other = stored.setdefault((shard.file, shard.dataset), label)
+            if other != label:
+                raise ManifestError(
+                    f"file {shard.file!r}: dataset {shard.dataset!r} holds both {other} and {label}"
+                )
+    for name, entry in manifest.files.items():
+        _check_file(name, entry, _claimed_ranges(manifest, name))
+    if RunState.from_json(manifest.state).step != manifest.step:
+        raise ManifestError(
+            f"state step {manifest.state['step']} differs from the manifest's step {manifest.step}"
+        )
+
+
+def _check_tensor(name: str, tensor: TensorEntry, files: dict[str, FileEntry]) -> None:
+    if tensor.dtype not in DTYPE_NAMES:
+        raise ManifestError(f"tensor {name!r}: unknown dtype {tensor.dtype!r}")
+    check_partition(name, tensor.partition, len(tensor.global_shape))
+    for shard in tensor.shards:
+        check_box(name, tensor.global_shape, shard.offset, shard.shape)
+        if shard.file not in files:
+            raise ManifestError(
+                f"tensor {name!r}: shard {shard.box.describe()} is in unlisted file {shard.file!r}"
+            )
+    check_tiling(name, tensor.global_shape, [s.box for s in tensor.shards])
+
+
+def _claimed_ranges(manifest: Manifest, file: str) -> list[tuple[int, int, str]]:
+    """(start, stop, 'tensor[box]') of every non-empty shard whose dataset has a recorded byte offset."""
+    offsets = manifest.files[file].byte_offsets
+    return sorted(
+        (
+            offsets[s.dataset],
+            offsets[s.dataset] + s.box.numel * itemsize(t.dtype),
+            f"{name}{s.box.describe()}",
+        )
+        for name, t in manifest.tensors.items()
+        for s in t.shards
+        if s.file == file and s.dataset in offsets and s.box.numel
+    )
+
+
+def _check_file(name: str, entry: FileEntry, ranges: list[tuple[int, int, str]]) -> None:
+    position = 0
+    for start, stop, _ in entry.segments:
+        if start != position or stop <= start:
+            raise ManifestError(
+                f"file {name!r}: segment [{start}, {stop}) does not start where the last ended ({position})"
+            )
+        position = stop
+    if position != entry.size:
+        raise ManifestError(f"file {name!r}: segments cover {position} of its {entry.size} bytes")
+    end = 0
+    for start, stop, label in ranges:
+        if start < end or stop > entry.size:
+            raise ManifestError(
+                f"file {name!r}: data of {label} at bytes [{start}, {stop}) overlaps another dataset or "
+                f"lies outside the file's {entry.size} bytes"
+            )
+        end = stop
+
+
+def _get(data: dict[str, Any], key: str, where: str) -> Any:
+    if key not in data:
+        raise ManifestError(f"{where}: no {key!r}")
+    return data[key]
+
+
+def _obj(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ManifestError(f"{where}: expected an object, got {value!r:.80}")
+    return value
+
+
+def _str(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise ManifestError(f"{where}: expected a string, got {value!r:.80}")
+    return value
+
+
+def _count(value: Any, where: str) -> int:
+    if type(value) is not int or value < 0:  # bool is not a count
+        raise ManifestError(f"{where}: expected an integer >= 0, got {value!r:.80}")
+    return value
+
+
+def _counts(value: Any, where: str) -> tuple[int, ...]:
+    if not isinstance(value, list):
+        raise ManifestError(f"{where}: expected a list of integers, got {value!r:.80}")
+    return tuple(_count(v, where) for v in value)
+
+
+def _list(value: Any, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise ManifestError(f"{where}: expected a list, got {value!r:.80}")
+    return value
+
+
+def _tensor(data: Any, where: str) -> TensorEntry:
+    data = _obj(data, where)
+    shards = []
+    for index, s in enumerate(_list(_get(data, "shards", where), f"{where} shards")):
+        at = f"{where} shard {index}"
+        s = _obj(s, at)
+        shards.append(
+            ShardEntry(
+                _counts(_get(s, "offset", at), f"{at} offset"),
+                _counts(_get(s, "shape", at), f"{at} shape"),
+                _str(_get(s, "file", at), f"{at} file"),
+                _str(_get(s, "dataset", at), f"{at} dataset"),
+            )
+        )
+    return TensorEntry(
+        _counts(_get(data, "global_shape", where), f"{where} global_shape"),
+        _str(_get(data, "dtype", where), f"{where} dtype"),
+        {
+            _str(k, f"{where} partition"): _count(v, f"{where} partition")
+            for k, v in _obj(_get(data, "partition", where), f"{where} partition").items()
+        },
+        shards,
+    )
+
+
+def _file(data: Any, where: str) -> FileEntry:
+    data = _obj(data, where)
+    segments = []
+    for g in _list(_get(data, "segments", where), f"{where} segments"):
+        if not isinstance(g, list) or len(g) != 3:
+            raise ManifestError(f"{where} segments: expected [start, stop, digest], got {g!r:.80}")
+        segments.append(
+            (
+                _count(g[0], f"{where} segment"),
+                _count(g[1], f"{where} segment"),
+                _str(g[2], f"{where} segment"),
+            )
+        )
+    offsets = _obj(_get(data, "byte_offsets", where), f"{where} byte_offsets")
+    return FileEntry(
+        _count(_get(data, "size", where), f"{where} size"),
+        segments,
+        _str(_get(data, "digest", where), f"{where} digest"),
+        {_str(k, f"{where} byte_offsets"): _count(v, f"{where} byte_offsets") for k, v in offsets.items()},
+    )
 
 
 def model_fingerprint(tensors: dict[str, TensorEntry]) -> str:
@@ -183,11 +334,16 @@ def shard_fingerprint(tensors: dict[str, TensorEntry]) -> str:
 
 
 def read_manifest(directory: Path) -> Manifest:
-    """Parse and schema-check `directory/manifest.json`; CorruptCheckpoint names the file on failure."""
+    """Parse and check `directory/manifest.json` (`Manifest.from_json`); CorruptCheckpoint names the file
+    and the rule broken on failure."""
     path = directory / MANIFEST
     try:
-        return Manifest.from_json(json.loads(path.read_bytes()))
+        data = json.loads(path.read_bytes())
     except FileNotFoundError:
         raise CorruptCheckpoint(f"{path}: manifest missing") from None
-    except (ValueError, KeyError, TypeError, AttributeError) as err:
+    except (ValueError, RecursionError) as err:  # torn, not UTF-8, nested beyond the parser's depth
         raise CorruptCheckpoint(f"{path}: manifest does not parse: {err!r}") from err
+    try:
+        return Manifest.from_json(data)
+    except ValueError as err:  # ManifestError, ShardError: the message names the field and the rule
+        raise CorruptCheckpoint(f"{path}: invalid manifest: {err}") from err

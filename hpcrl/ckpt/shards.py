@@ -47,6 +47,8 @@ _DTYPES: dict[torch.dtype, tuple[str, str]] = {
     torch.bool: ("bool", "u1"),
 }
 _BY_NAME = {name: (dtype, storage) for dtype, (name, storage) in _DTYPES.items()}
+DTYPE_NAMES = frozenset(_BY_NAME)
+"""Every dtype name a manifest may hold."""
 
 
 class ShardError(ValueError):

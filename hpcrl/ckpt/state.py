@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import base64
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -37,7 +37,34 @@ class RunState:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RunState:
+        """Parse a manifest's `state`, checking every field's type: a damaged manifest must be rejected
+        while the loader can still fall back, not fail later in the middle of a resume (ValueError)."""
+        if not isinstance(data, dict):
+            raise ValueError(f"state is {type(data).__name__}, expected an object")
+        unknown = sorted(set(data) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ValueError(f"state has unknown keys {unknown}")
+        for key, ok in _STATE_TYPES.items():
+            if key in data and not ok(data[key]):
+                raise ValueError(f"state[{key!r}] = {data[key]!r} has the wrong type")
+        if "step" not in data:
+            raise ValueError("state has no 'step'")
         return cls(**data)
+
+
+def _count(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
+_STATE_TYPES = {
+    "step": _count,
+    "data_cursor": lambda v: isinstance(v, dict),
+    "algorithm_state": lambda v: isinstance(v, dict),
+    "run_id": lambda v: isinstance(v, str),
+    "tracker_run_id": lambda v: v is None or isinstance(v, str),
+    "restart_count": _count,
+}
+"""RunState field -> its JSON type check (bool is not an int here)."""
 
 
 def seed_rngs(seed: int) -> None:
@@ -85,6 +112,37 @@ def restore_rng(state: dict[str, Any]) -> None:
     torch.set_rng_state(_unb64(state["torch"]))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all([_unb64(s) for s in state["cuda"]])
+
+
+def check_rng(state: Any) -> None:
+    """Raise ValueError unless `restore_rng(state)` can succeed, so a loader rejects a damaged state while
+    it can still fall back. The CPU part is checked by restoring it, then this process's own states
+    again (`restore_rng` itself is the only complete list of what python, numpy and torch accept); the
+    CUDA part by its form only, since which devices exist is this machine's business, not damage."""
+    if not isinstance(state, dict):
+        raise ValueError(f"RNG state is {type(state).__name__}, expected an object")
+    _check_cuda_states(state.get("cuda", []))
+    own = capture_rng()
+    try:
+        restore_rng({key: value for key, value in state.items() if key != "cuda"})
+    except Exception as err:  # any of them: TypeError, KeyError, RuntimeError, binascii.Error, ...
+        raise ValueError(f"RNG state does not restore: {err!r}") from None
+    finally:
+        restore_rng(own)
+
+
+def _check_cuda_states(states: Any) -> None:
+    """A list of base64 states (of this machine's CUDA state size when it has CUDA)."""
+    size = torch.cuda.get_rng_state().numel() if torch.cuda.is_available() else None
+    if not isinstance(states, list) or not all(isinstance(s, str) for s in states):
+        raise ValueError("RNG state: 'cuda' is not a list of base64 strings")
+    for index, text in enumerate(states):
+        try:
+            raw = base64.b64decode(text, validate=True)
+        except ValueError as err:
+            raise ValueError(f"RNG state: cuda[{index}] is not base64: {err}") from None
+        if size is not None and len(raw) != size:
+            raise ValueError(f"RNG state: cuda[{index}] holds {len(raw)} bytes, a CUDA state {size}")
 
 
 def _b64(t: torch.Tensor) -> str:

@@ -10,8 +10,10 @@ import os
 from pathlib import Path
 
 from hpcrl.ckpt.integrity import algorithm_of, hash_segments
-from hpcrl.ckpt.manifest import CorruptCheckpoint, Manifest, read_manifest
+from hpcrl.ckpt.manifest import MANIFEST, CorruptCheckpoint, Manifest, read_manifest
 from hpcrl.ckpt.shards import itemsize
+from hpcrl.ckpt.state import check_rng
+from hpcrl.ckpt.trust import check_datasets, check_manifest, check_step_dir
 
 
 def dataset_ranges(manifest: Manifest, file: str) -> dict[str, tuple[int, int, str]]:
@@ -79,10 +81,21 @@ def verify_files(directory: Path, manifest: Manifest, needs: dict[str, set[str] 
     return hashed
 
 
-def verify_directory(directory: Path) -> Manifest:
-    """Full verification: manifest, and every segment of every file it lists."""
+def verify_directory(directory: Path, root: Path | None = None) -> Manifest:
+    """Full verification (`hpcrl ckpt check`): the trust rules (hpcrl.ckpt.trust) for the directory (found
+    under `root`, or named itself: None), the manifest and every dataset; every segment of every file;
+    every rank's RNG state."""
+    check_step_dir(directory, root)
     manifest = read_manifest(directory)
-    verify_files(directory, manifest, dict.fromkeys(manifest.files))
+    check_manifest(directory, manifest)
+    everything = dict.fromkeys(manifest.files)
+    verify_files(directory, manifest, everything)
+    check_datasets(directory, manifest, everything)
+    for rank, rng in sorted(manifest.rng.items()):
+        try:
+            check_rng(rng)
+        except ValueError as err:
+            raise CorruptCheckpoint(f"{directory / MANIFEST}: rank {rank}: {err}") from None
     return manifest
 
 

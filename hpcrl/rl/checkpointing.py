@@ -20,6 +20,7 @@ is logged once).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -34,9 +35,10 @@ import torch.distributed as dist
 
 from hpcrl.ckpt.checkpointer import Checkpointer
 from hpcrl.ckpt.collectives import group_rank
-from hpcrl.ckpt.commit import read_latest
-from hpcrl.ckpt.manifest import read_manifest
+from hpcrl.ckpt.load import NoCheckpoint
+from hpcrl.ckpt.manifest import Manifest
 from hpcrl.ckpt.megatron import load_into_trainer, model_extra, trainer_shards, trainer_specs
+from hpcrl.ckpt.shards import ShardSpec
 from hpcrl.ckpt.state import RunState, restore_rng
 from hpcrl.ckpt.trigger import SaveTrigger, restart_count
 from hpcrl.config.experiment import ExperimentConfig
@@ -120,18 +122,22 @@ class RLCheckpointing:
         self._last_saved: int | None = None
 
     def resume(self) -> int:
-        """Load the newest verified checkpoint when resume=auto and one exists; return the start step.
+        """Load the newest committed checkpoint that verifies when resume=auto; return the start step.
 
+        Every committed `step_N` is a candidate, newest first (at most `latest`'s step, or all of them
+        when `latest` is missing, empty or garbled), and each is verified by the loader before it is used:
+        a torn manifest or a damaged file moves all ranks on to the next older one together
+        (`checkpoint.fallback`), and the rejected one is set aside so this run can commit its step again.
         Either way the metrics log is cut back to the start step: records of an earlier attempt that
         died before its first checkpoint are redone from step 0 and must not appear twice."""
-        latest = read_latest(self.checkpointer.root)
-        if self.cfg.checkpoint.resume != "auto" or latest is None:
+        loaded = None
+        if self.cfg.checkpoint.resume == "auto":
+            with contextlib.suppress(NoCheckpoint):  # nothing committed yet: a fresh start
+                loaded = self.checkpointer.load(self._specs, fallback=self.cfg.checkpoint.fallback)
+        if loaded is None:
             if group_rank(self.group) == 0:
                 cut_metrics_back(self.run_dir / METRICS_FILE, 0)
             return 0
-        manifest = read_manifest(latest)
-        specs = [s for prefix, t in self.trainers.items() for s in trainer_specs(t, manifest, prefix)]
-        loaded = self.checkpointer.load(specs, fallback=True)
         for prefix, trainer in self.trainers.items():
             load_into_trainer(trainer, loaded.tensors, prefix)
         loss_scales = loaded.state.algorithm_state.get(LOSS_SCALE, {})
@@ -147,6 +153,13 @@ class RLCheckpointing:
         log.warning("resumed from %s at step %d", loaded.path, loaded.state.step)
         self._last_saved = loaded.state.step
         return loaded.state.step
+
+    def _specs(self, manifest: Manifest) -> list[ShardSpec]:
+        """What this rank loads from a candidate (its trainers' shards, in the candidate's optimizer
+        dtypes). Its data cursor is parsed here too: one this job cannot use rejects the candidate on
+        every rank (the loader's agreed fallback), instead of failing this rank after the load."""
+        DataCursor.from_dict(manifest.state.get("data_cursor", {}))
+        return [s for prefix, t in self.trainers.items() for s in trainer_specs(t, manifest, prefix)]
 
     def save(self, completed_steps: int) -> None:
         start = time.perf_counter()

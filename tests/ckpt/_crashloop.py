@@ -1,5 +1,6 @@
-"""The workload of the crash-consistency test: a process that resumes from `latest` and then saves every
-step until it is killed, reporting each step it knows is committed on a pipe."""
+"""The workload of the crash-consistency tests: a job that resumes as the RL job does (the newest
+checkpoint that verifies, damaged ones set aside) and then saves every step, until it is killed
+(`run_until_killed`, reporting each step it knows is committed on a pipe) or up to a step (`rerun`)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,7 @@ from pathlib import Path
 import torch
 
 from hpcrl.ckpt.checkpointer import Checkpointer
-from hpcrl.ckpt.commit import read_latest
-from hpcrl.ckpt.load import load_checkpoint
+from hpcrl.ckpt.load import NoCheckpoint
 from hpcrl.ckpt.shards import ShardedTensor
 from hpcrl.ckpt.state import RunState
 
@@ -35,11 +35,32 @@ def specs():
     return [ShardedTensor.whole(n, t).spec for n, t in content(0).items()]
 
 
+def resume(ck: Checkpointer) -> int:
+    """The step the newest checkpoint that verifies holds (0: none committed), checked to hold exactly
+    that step's state; damaged newer ones are set aside (`Checkpointer.load` with fallback)."""
+    try:
+        loaded = ck.load(specs(), fallback=True)
+    except NoCheckpoint:
+        return 0
+    for name, expected in content(loaded.state.step).items():
+        assert torch.equal(loaded.tensors[name], expected), f"{loaded.path}: {name}"
+    return loaded.state.step
+
+
+def rerun(root: Path, until: int) -> int:
+    """One (re)run of the job: resume, then a sync save of every step up to `until`. Returns the step
+    it resumed at."""
+    ck = Checkpointer(root, keep_last=2)
+    start = resume(ck)
+    for step in range(start + 1, until + 1):
+        ck.save(step, [ShardedTensor.whole(n, t) for n, t in content(step).items()], RunState(step=step))
+    ck.close()
+    return start
+
+
 def run_until_killed(root: Path, async_save: bool, report_fd: int) -> None:
     ck = Checkpointer(root, keep_last=2, async_save=async_save)
-    start = 1
-    if read_latest(root) is not None:
-        start = load_checkpoint(root, specs()).state.step + 1
+    start = resume(ck) + 1
     live = content(0)
     for step in itertools.count(start):
         ck.fence()  # the previous async save's snapshot is taken: the tensors may change now

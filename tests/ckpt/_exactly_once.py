@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from hpcrl.ckpt.checkpointer import Checkpointer
-from hpcrl.ckpt.commit import read_latest
+from hpcrl.ckpt.load import NoCheckpoint
 from hpcrl.ckpt.shards import ShardedTensor
 from hpcrl.ckpt.state import RunState, restore_rng
 
@@ -36,16 +36,16 @@ def _shards(model: torch.nn.Module, opt: torch.optim.Optimizer) -> list[ShardedT
 
 
 def _resume(ck: Checkpointer, model, opt) -> RunState | None:
-    if read_latest(ck.root) is None:
-        return None
-    from hpcrl.ckpt.manifest import read_manifest
+    def specs(manifest):  # what this checkpoint holds: each candidate's own manifest says
+        return [
+            ShardedTensor.whole(n, torch.empty(t.global_shape, dtype=torch.float32)).spec
+            for n, t in manifest.tensors.items()
+        ]
 
-    manifest = read_manifest(read_latest(ck.root))
-    specs = [
-        ShardedTensor.whole(n, torch.empty(t.global_shape, dtype=torch.float32)).spec
-        for n, t in manifest.tensors.items()
-    ]
-    loaded = ck.load(specs, fallback=True)
+    try:
+        loaded = ck.load(specs, fallback=True)
+    except NoCheckpoint:
+        return None
     with torch.no_grad():
         for name, param in model.named_parameters():
             param.copy_(loaded.tensors[f"model.{name}"])

@@ -5,11 +5,14 @@ milliseconds; see `_crashloop.zygote` for why not from pytest itself) that resum
 from `latest` and saves every step until killed at a random moment. After every kill: `latest` fully
 verifies and loads, holds exactly the state of its step, and that step is at least the last one the
 child was told was committed (no trial loses more than the steps since the previous commit).
+A damaged `latest` (not a crash: a flipped bit) is set aside by the rerun that falls back past it, so
+that rerun and every later one commits and resumes (no crash loop).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import random
 import subprocess
 import sys
@@ -18,10 +21,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpcrl.ckpt.commit import committed, read_latest
+from hpcrl.ckpt.commit import REJECTED, committed, read_latest
 from hpcrl.ckpt.load import load_checkpoint
-from hpcrl.ckpt.verify import verify_directory
-from tests.ckpt._crashloop import content, specs
+from hpcrl.ckpt.manifest import read_manifest
+from hpcrl.ckpt.verify import dataset_ranges, verify_directory
+from tests.ckpt._crashloop import content, rerun, specs
 
 TRIALS = 50
 
@@ -67,8 +71,29 @@ def test_sigkill_during_saves_never_breaks_latest(tmp_path, zygote, async_save):
         for name, expected in content(step).items():
             assert torch.equal(loaded.tensors[name], expected), f"trial {trial}: {name} of step {step}"
         assert len(committed(tmp_path)) <= 3  # keep_last=2 (+1 if killed between commit and prune)
+        assert not [p for p in tmp_path.iterdir() if REJECTED in p.name], f"trial {trial}: a resume fell back"
         last_good = step
     # many kills must land inside a save (a tmp or trash dir left behind), else the test proves little;
     # the others hit the resume at start-up or the commit's short rename/fsync phase
     assert interrupted_saves >= TRIALS // 3, f"only {interrupted_saves} of {TRIALS} kills interrupted a save"
     assert last_good >= 5, "the children made too little progress"
+
+
+def test_a_damaged_latest_is_set_aside_so_every_rerun_resumes_and_commits(tmp_path, caplog):
+    assert rerun(tmp_path, 4) == 0
+    step4 = tmp_path / "step_00000004"
+    manifest = read_manifest(step4)
+    start, stop, _ = dataset_ranges(manifest, "rank_00000.h5")[manifest.tensors["w"].shards[0].dataset]
+    data = bytearray((step4 / "rank_00000.h5").read_bytes())
+    data[(start + stop) // 2] ^= 0x01  # a flipped bit in `latest`'s checkpoint
+    (step4 / "rank_00000.h5").write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING, logger="hpcrl.ckpt.load"):
+        assert rerun(tmp_path, 6) == 3  # falls back, then commits step 4 again (refused before: a crash loop)
+    [aside] = [p.name for p in tmp_path.iterdir() if REJECTED in p.name]
+    assert aside.startswith("step_00000004.rejected-")
+    assert f"step_00000004 rejected and set aside as {aside}" in caplog.text
+    assert "rank_00000.h5: checksum mismatch" in caplog.text and "tensor w[" in caplog.text
+    assert rerun(tmp_path, 7) == 6
+    assert rerun(tmp_path, 7) == 7
+    assert [s for s, _ in committed(tmp_path)] == [7, 6]
+    assert read_latest(tmp_path) == tmp_path / "step_00000007"
