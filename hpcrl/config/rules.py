@@ -10,6 +10,7 @@ import re
 
 from hpcrl.config.experiment import ExperimentConfig
 from hpcrl.launcher.sbatch import check_cluster
+from hpcrl.rl.algorithms import algorithm_problems
 
 _ENTRYPOINT = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_]\w*")
 _PATH_PART = re.compile(r"[\w.+-]+")
@@ -90,7 +91,7 @@ def check_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
                     f"(cluster.nodes={cl.nodes} x {gpus} per node)",
                 )
             )
-    out += _model_rules(cfg) + _sampling_rules(cfg)
+    out += _model_rules(cfg) + _sampling_rules(cfg) + _algorithm_rules(cfg)
     if not _ENTRYPOINT.fullmatch(cfg.entrypoint):
         out.append(("entrypoint", f"expected 'package.module:function', got {cfg.entrypoint!r}"))
     if not _PATH_PART.fullmatch(cfg.name) or cfg.name in (".", ".."):
@@ -136,6 +137,15 @@ def _sampling_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
         ),
     ]
     return [(key, message) for key, ok, message in rules if not ok]
+
+
+def _algorithm_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
+    """The algorithm's own rules (hpcrl.rl.algorithms owns them; the RL job checks them again)."""
+    r = cfg.rollout
+    return [
+        (p.key or "algorithm", p.message)
+        for p in algorithm_problems(cfg.algorithm, r.samples_per_prompt, r.max_new_tokens)
+    ]
 
 
 def _required_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:

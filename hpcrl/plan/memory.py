@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.plan import formulas as fm
 from hpcrl.plan.capacity import Capacity, device_capacity
+from hpcrl.rl.algorithms import ALGORITHMS
 
 if TYPE_CHECKING:
     from hpcrl.config.experiment import ExperimentConfig
@@ -183,7 +184,7 @@ def predict(cfg: ExperimentConfig, *, host_bytes: float | None = None) -> Memory
     actor_pool, models_pool = ("actor", "models") if split else ("all", "all")
     for c in _trainable("actor", actor.total, cfg):
         add(replace(c, pool=actor_pool))
-    if cfg.algorithm.name == "ppo":
+    if ALGORITHMS[cfg.algorithm.name].needs_critic:
         critic = fm.rank_params(dims, par.tensor, par.pipeline, value_head=True)
         for c in _trainable("critic", critic.total, cfg):
             add(replace(c, pool=models_pool))
@@ -193,7 +194,7 @@ def predict(cfg: ExperimentConfig, *, host_bytes: float | None = None) -> Memory
     train = _train_phase(cfg, dims, e)
     for c in train:
         add(replace(c, pool=actor_pool))
-    if split and cfg.algorithm.name == "ppo":
+    if split and ALGORITHMS[cfg.algorithm.name].needs_critic:
         # the critic's update runs on its own pool (its value head has no logits buffer)
         add(replace(train[0], name="critic activations (1 micro-batch)", pool=models_pool))
     for c in _generate_phase(cfg, dims, e, device.bytes):

@@ -169,6 +169,17 @@ def reinforce_pp(token_rewards_BT: torch.Tensor, mask_BT: torch.Tensor, gamma: f
     return masked_whiten(returns_BT, mask_BT)
 
 
+def reinforce_pp_baseline(
+    scores_B: torch.Tensor, group_ids_B: torch.Tensor, mask_BT: torch.Tensor
+) -> torch.Tensor:
+    """REINFORCE++-baseline (Hu et al. 2025, "REINFORCE++", §3.2 "with baseline"; verl's
+    compute_reinforce_plus_plus_baseline_outcome_advantage): the group mean as a per-prompt baseline,
+    then whitening over the whole global batch instead of GRPO's per-group std:
+      A_i = r_i - mean(r_group),  A <- (A - mean_batch(A)) / std_batch(A), on every token of response i."""
+    mean_B, _, _ = _group_stats(scores_B, group_ids_B)
+    return masked_whiten((scores_B - mean_B)[:, None] * mask_BT, mask_BT)
+
+
 # --- registry: AlgorithmConfig.name -> estimator over AdvantageInputs ---------------------------------
 
 
@@ -201,14 +212,21 @@ def _reinforce_pp(inp: AdvantageInputs) -> AdvantageOutput:
     return AdvantageOutput(advantages_BT=adv_BT, returns_BT=adv_BT)
 
 
+def _reinforce_pp_baseline(inp: AdvantageInputs) -> AdvantageOutput:
+    adv_BT = reinforce_pp_baseline(inp.scores_B, inp.group_ids_B, inp.mask_BT)
+    return AdvantageOutput(advantages_BT=adv_BT, returns_BT=adv_BT)
+
+
 ESTIMATORS: dict[str, Callable[[AdvantageInputs], AdvantageOutput]] = {
     "ppo": _ppo,
     "grpo": _grpo,
     "rloo": _rloo,
     "remax": _remax,
     "reinforce_pp": _reinforce_pp,
+    "reinforce_pp_baseline": _reinforce_pp_baseline,
 }
-"""Online algorithms by name. `dpo` is offline and has no estimator (see losses.dpo_loss)."""
+"""The online algorithms of hpcrl.rl.algorithms.ALGORITHMS by name. `dpo` is offline and has no
+estimator (see losses.dpo_loss)."""
 
 
 def compute_advantages(name: str, inp: AdvantageInputs) -> AdvantageOutput:

@@ -22,6 +22,7 @@ from hpcrl.data.sources import load_splits
 from hpcrl.data.tokenizer import encode_prompts
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.metrics.logger import MetricsLogger
+from hpcrl.rl.algorithms import ALGORITHMS
 from hpcrl.rl.driver import PromptCodec, RLDriver, Workers
 from hpcrl.rl.workers import ActorWorker, Pool, RolloutWorker, Shards, TrainerWorker
 from hpcrl.rollout.base import SamplingParams
@@ -45,7 +46,7 @@ def build_tokenizer(cfg: ExperimentConfig):
 
 def has_second_pool_roles(cfg: ExperimentConfig) -> bool:
     """Whether the job has a critic (ppo) or a reference (kl_coef > 0): the roles of the second pool."""
-    return cfg.algorithm.name == "ppo" or cfg.algorithm.kl_coef > 0
+    return ALGORITHMS[cfg.algorithm.name].needs_critic or cfg.algorithm.kl_coef > 0
 
 
 def training_world(cfg: ExperimentConfig, world: int) -> int:
@@ -233,7 +234,7 @@ def _build_model_pool(cfg: ExperimentConfig, pool: Pool, groups):
             build_policy_trainer(cfg.model, None, groups, temperature=_temperature(cfg)) if member else None
         )
         reference = TrainerWorker(trainer, mbs, pool)
-    if cfg.algorithm.name == "ppo":
+    if ALGORITHMS[cfg.algorithm.name].needs_critic:
         critic = TrainerWorker(
             build_value_trainer(cfg.model, cfg.optim, groups) if member else None, mbs, pool
         )

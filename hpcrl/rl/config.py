@@ -10,8 +10,9 @@ from typing import Literal
 class AlgorithmConfig:
     """The RL (or offline DPO) algorithm the driver runs."""
 
-    name: Literal["grpo", "ppo", "remax", "rloo", "reinforce_pp", "dpo"] = "grpo"
-    """Advantage estimator / algorithm. ppo uses a critic with GAE."""
+    name: Literal["grpo", "ppo", "remax", "rloo", "reinforce_pp", "reinforce_pp_baseline", "dpo"] = "grpo"
+    """Advantage estimator / algorithm (hpcrl.rl.algorithms.ALGORITHMS says what each needs). ppo uses a
+    critic with GAE."""
     steps: int = 40
     """Training iterations (one rollout batch + its updates each)."""
     prompts_per_step: int = 16
@@ -19,7 +20,18 @@ class AlgorithmConfig:
     ppo_epochs: int = 1
     """Passes over each rollout batch."""
     clip_ratio: float = 0.2
-    """PPO-clip epsilon."""
+    """PPO-clip epsilon: the ratio stays in [1 - eps, 1 + eps] unless clip_ratio_low/high say otherwise."""
+    clip_ratio_low: float | None = None
+    """Lower epsilon (null: clip_ratio)."""
+    clip_ratio_high: float | None = None
+    """Upper epsilon (null: clip_ratio). DAPO's clip-higher uses 0.28 with low 0.2."""
+    clip_ratio_c: float | None = 3.0
+    """Dual-clip PPO's c > 1: the loss of a token with a negative advantage is at most -A * c (verl's
+    default 3.0); null turns the dual clip off."""
+    tis_cap: float | None = 2.0
+    """Truncated importance sampling: the policy loss of each token is weighted by
+    min(pi_old / pi_rollout, tis_cap), correcting for the rollout engine's numerics (verl #2953; the
+    paper's C = 2). Every hpcrl engine returns log-probs, so it is on by default; null turns it off."""
     value_clip: float = 0.2
     """Clipped value loss range (PPO)."""
     gamma: float = 1.0
@@ -30,14 +42,28 @@ class AlgorithmConfig:
     """GRPO: divide group-centred rewards by the group std (False = Dr.GRPO style)."""
     kl_coef: float = 0.0
     """Weight of the KL to the reference policy; 0 skips the reference model."""
-    kl_estimator: Literal["k1", "k3"] = "k3"
-    """KL estimator (Schulman's k1 / k3)."""
+    kl_estimator: Literal["k1", "k2", "k3", "abs", "mse"] = "k3"
+    """KL estimator (Schulman's k1, k2, k3; verl's abs; mse is k2 under verl's name)."""
     kl_in_reward: bool = False
     """True: KL is a per-token reward penalty (PPO style); False: a loss term (GRPO style)."""
     entropy_coef: float = 0.0
     """Entropy bonus weight."""
-    loss_agg: Literal["token_mean", "seq_mean_token_sum", "seq_mean_token_mean"] = "token_mean"
-    """How per-token losses reduce to a scalar."""
+    loss_agg: Literal[
+        "token_mean", "seq_mean_token_sum", "seq_mean_token_mean", "seq_mean_token_sum_norm"
+    ] = "token_mean"
+    """How per-token losses reduce to a scalar (hpcrl.rl.losses.agg_loss). Dr. GRPO is
+    seq_mean_token_sum_norm (normalised by rollout.max_new_tokens) with norm_adv_by_std: false."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling (Yu et al. 2025, §3.2): drop prompt groups whose rewards are all equal
+    (zero advantage, no gradient) and sample more prompts until prompts_per_step groups are kept."""
+    max_gen_batches: int = 4
+    """Dynamic sampling: at most this many rollout batches per step; the step trains on the groups kept
+    so far when they run out."""
+    overlong_buffer_len: int = 0
+    """DAPO's soft overlong punishment (§3.4): responses longer than rollout.max_new_tokens minus this
+    buffer lose up to overlong_penalty_factor, linearly over the buffer; 0 = off."""
+    overlong_penalty_factor: float = 1.0
+    """The penalty at the full generation budget."""
     dpo_beta: float = 0.1
     """DPO temperature beta."""
     placement: Literal["colocated", "split"] = "colocated"

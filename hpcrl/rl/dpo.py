@@ -31,6 +31,7 @@ from hpcrl.config.experiment import ExperimentConfig
 from hpcrl.data.cursor import PromptSampler
 from hpcrl.data.preference import PreferencePair
 from hpcrl.errors import ConfigError, Problem
+from hpcrl.rl.algorithms import algorithm_problems
 from hpcrl.rl.losses import dpo_loss
 from hpcrl.rl.workers import TrainerWorker
 from hpcrl.train.batch import TrainBatch
@@ -162,14 +163,7 @@ def dpo_problems(cfg: ExperimentConfig, world_size: int) -> list[Problem]:
         )
     if algo.placement != "colocated":
         problems.append(Problem("DPO runs policy and reference colocated", key="algorithm.placement"))
-    if algo.dpo_beta <= 0:
-        problems.append(Problem(f"must be > 0, got {algo.dpo_beta}", key="algorithm.dpo_beta"))
-    for key, value in (
-        ("algorithm.steps", algo.steps),
-        ("algorithm.prompts_per_step", algo.prompts_per_step),
-    ):
-        if value < 1:
-            problems.append(Problem(f"must be >= 1, got {value}", key=key))
+    problems += algorithm_problems(algo, cfg.rollout.samples_per_prompt, cfg.rollout.max_new_tokens)
     if cfg.optim.micro_batch_size % 2:
         problems.append(
             Problem(

@@ -9,9 +9,11 @@ workers.py); rank 0 logs.
 
 One step, for B = prompts_per_step x samples_per_prompt sequences:
   1. reshard actor -> rollout; 2. sample B responses (+ their rollout log-probs); 3. score them (skipped
-  samples are dropped); 4. old log-probs (actor), ref log-probs (reference, when kl_coef > 0), values
-  (critic, ppo); 5. token rewards = outcome on the last token (- kl_coef * KL when kl_in_reward);
-  6. advantages (registry); 7. ppo_epochs actor updates (+ critic updates).
+  samples are dropped; DAPO's overlong penalty added; with dynamic sampling, groups whose scores are all
+  equal are dropped and more prompts sampled); 4. old log-probs (actor) and the TIS weights
+  min(pi_old / pi_rollout, C), ref log-probs (reference, when kl_coef > 0), values (critic, ppo);
+  5. token rewards = outcome on the last token (- kl_coef * KL when kl_in_reward); 6. advantages
+  (registry); 7. ppo_epochs actor updates (+ critic updates).
 """
 
 from __future__ import annotations
@@ -33,10 +35,12 @@ from hpcrl.rl.advantages import (
     kl_shaped_rewards,
     outcome_to_token_rewards,
 )
+from hpcrl.rl.algorithms import ALGORITHMS
 from hpcrl.rl.config import AlgorithmConfig
 from hpcrl.rl.experience import Experience
-from hpcrl.rl.losses import kl_penalty, masked_mean
+from hpcrl.rl.losses import kl_penalty, masked_mean, truncated_is_weights
 from hpcrl.rl.objectives import policy_loss_fn, value_loss_fn
+from hpcrl.rl.shaping import first_groups, informative_groups, overlong_penalty
 from hpcrl.rl.workers import ActorWorker, RolloutWorker, TrainerWorker, response_logprobs
 from hpcrl.rollout.base import SamplingParams
 
@@ -95,10 +99,11 @@ class RLDriver:
         seed: int = 0,
     ):
         self.algo, self.sampling, self.k = algo, sampling, samples_per_prompt
+        self.spec = ALGORITHMS[algo.name]
         self.workers, self.codec, self.scorer, self.nan_policy = workers, codec, scorer, nan_policy
         self.sampler, self.heldout, self.seed = sampler, heldout, seed
-        self.policy_loss = policy_loss_fn(algo)
-        self.value_loss = value_loss_fn(algo)
+        self.policy_loss = policy_loss_fn(algo, sampling.max_new_tokens)
+        self.value_loss = value_loss_fn(algo, sampling.max_new_tokens)
 
     # ------------------------------------------------------------------------------------------- pieces
     def _decode(self, ids_BT: torch.Tensor, mask_BT: torch.Tensor) -> list[str]:
@@ -140,29 +145,60 @@ class RLDriver:
         if self.algo.eval_every and step % self.algo.eval_every == 0:
             with timer.phase("eval"):  # the policy before this step's update, on the weights just synced
                 metrics["reward/heldout"] = self.evaluate(step)
-        prompts = self.sampler.next_batch(self.algo.prompts_per_step)
-        examples = [e for e in prompts for _ in range(self.k)]
-        with timer.phase("generate"):
-            exp = self.generate_scored(examples, self.sampling, seed=self.seed * 100_003 + step)
-            exp.group_ids_B = torch.arange(len(prompts)).repeat_interleave(self.k)
-            baseline_B = self._greedy_baseline(prompts, step) if self.algo.name == "remax" else None
-        with timer.phase("reward"):
-            result = self._score(exp.examples, exp.responses)
-            exp.scores_B = result.scores_B
-            if baseline_B is not None:
-                exp.tensors["baseline_B"] = baseline_B[exp.group_ids_B]
-            exp = exp.select(result.keep_B) if result.num_skipped else exp
+        exp, sampled_B = self._collect(step, timer, metrics)
         self.workers.rollout.sleep()  # the generation memory (store / vLLM weights + KV cache) until next sync
-        metrics["reward/skipped"] = float(result.num_skipped)
         if len(exp) == 0:
-            log.warning("step %d: every sample was skipped by the reward policy; no update", step)
-            return metrics | self._timing(timer, 0, 0)
+            log.warning("step %d: no sample left to train on (skipped rewards / dynamic sampling)", step)
+            return metrics | self._scores_metrics(sampled_B) | self._timing(timer, 0, 0)
         with timer.phase("train"):
             self._prepare(exp, metrics)
             self._update(exp, metrics)
         num_gen_tokens = int(exp.response_mask_BT.sum())
-        metrics |= self._reward_metrics(exp)
+        metrics |= self._scores_metrics(sampled_B) | self._length_metrics(exp)
         return metrics | self._timing(timer, num_gen_tokens, int(exp.train_batch().attention_mask_BT.sum()))
+
+    def _collect(self, step: int, timer: PhaseTimer, metrics: dict) -> tuple[Experience, torch.Tensor]:
+        """This step's training experience, and the scores of every sample drawn for it (for logging).
+
+        Without dynamic sampling: one rollout batch of prompts_per_step prompts. With it (DAPO §3.2):
+        rollout batches until prompts_per_step groups with differing rewards are kept, at most
+        max_gen_batches; the kept groups are trimmed to prompts_per_step."""
+        algo, parts, sampled, kept_groups = self.algo, [], [], 0
+        for attempt in range(algo.max_gen_batches if algo.dynamic_sampling else 1):
+            exp, skipped = self._rollout_batch(step, attempt, timer)
+            metrics["reward/skipped"] = metrics.get("reward/skipped", 0.0) + skipped
+            sampled.append(exp.scores_B)
+            if algo.dynamic_sampling:
+                exp = exp.select(informative_groups(exp.scores_B, exp.group_ids_B))
+            parts.append(exp)
+            kept_groups += len(exp.group_ids_B.unique())
+            if kept_groups >= algo.prompts_per_step:
+                break
+        exp = Experience.concat(parts, self.workers.rollout.pad_id)
+        if algo.dynamic_sampling:
+            exp = exp.select(first_groups(exp.group_ids_B, algo.prompts_per_step))
+            metrics["sampling/gen_batches"] = float(len(parts))
+            metrics["sampling/kept_groups"] = float(min(kept_groups, algo.prompts_per_step))
+        return exp, torch.cat(sampled)
+
+    def _rollout_batch(self, step: int, attempt: int, timer: PhaseTimer) -> tuple[Experience, int]:
+        """Sample and score one batch of prompts_per_step prompts x k samples (rows whose reward was
+        skipped are dropped). Group ids are unique across a step's batches."""
+        prompts = self.sampler.next_batch(self.algo.prompts_per_step)
+        examples = [e for e in prompts for _ in range(self.k)]
+        # attempt 0 keeps the seed of a step without dynamic sampling; later batches draw fresh rows
+        seed = self.seed * 100_003 + step + attempt * 1_000_000_007
+        with timer.phase("generate"):
+            exp = self.generate_scored(examples, self.sampling, seed=seed)
+            exp.group_ids_B = (attempt * len(prompts) + torch.arange(len(prompts))).repeat_interleave(self.k)
+            baseline_B = self._greedy_baseline(prompts, step) if self.spec.greedy_baseline else None
+        with timer.phase("reward"):
+            result = self._score(exp.examples, exp.responses)
+            exp.scores_B = result.scores_B + self._length_penalty(exp)
+            if baseline_B is not None:
+                exp.tensors["baseline_B"] = baseline_B.repeat_interleave(self.k)
+            exp = exp.select(result.keep_B) if result.num_skipped else exp
+        return exp, result.num_skipped
 
     def final_evaluation(self, step: int) -> dict[str, float]:
         """Held-out reward of the final policy (after the last update), logged as step `steps`."""
@@ -173,7 +209,13 @@ class RLDriver:
 
     def _greedy_baseline(self, prompts: list[Example], step: int) -> torch.Tensor:
         exp = self.generate_scored(prompts, self.sampling.greedy(), seed=step)
-        return self._score(exp.examples, exp.responses).scores_B
+        return self._score(exp.examples, exp.responses).scores_B + self._length_penalty(exp)
+
+    def _length_penalty(self, exp: Experience) -> torch.Tensor:
+        a = self.algo
+        return overlong_penalty(
+            exp.gen.lengths_B, self.sampling.max_new_tokens, a.overlong_buffer_len, a.overlong_penalty_factor
+        )
 
     def _prepare(self, exp: Experience, metrics: dict) -> None:
         """Old/ref log-probs, values, token rewards and advantages (all global, response space).
@@ -190,6 +232,10 @@ class RLDriver:
         metrics["mismatch/logprob_max"] = float(delta.max()) if delta.numel() else 0.0
         metrics["mismatch/logprob_mean"] = float(delta.mean()) if delta.numel() else 0.0
         exp.tensors["old_logprobs"] = old_logp
+        if self.algo.tis_cap is not None:
+            weights, tis = truncated_is_weights(old_logp, exp.gen.logprobs_BT, mask, self.algo.tis_cap)
+            exp.tensors["tis_weights"] = weights
+            metrics["tis/weight_mean"], metrics["tis/clip_frac"] = tis.weight_mean, tis.clip_fraction
         scores = exp.scores_B
         token_rewards = outcome_to_token_rewards(scores, mask)
         if pending_ref is not None:
@@ -223,9 +269,9 @@ class RLDriver:
         metrics["advantage/mean_abs"] = float(masked_mean(out.advantages_BT.abs(), mask))
 
     def _update(self, exp: Experience, metrics: dict) -> None:
-        actor_keys = ["old_logprobs", "advantages"] + (
-            ["ref_logprobs"] if "ref_logprobs" in exp.tensors else []
-        )
+        actor_keys = ["old_logprobs", "advantages"] + [
+            k for k in ("ref_logprobs", "tis_weights") if k in exp.tensors
+        ]
         actor_batch = exp.train_batch({k: exp.tensors[k] for k in actor_keys})
         critic_batch = (
             exp.train_batch({k: exp.tensors[k] for k in ("old_values", "returns")})
@@ -249,14 +295,20 @@ class RLDriver:
                 }
             )
 
-    def _reward_metrics(self, exp: Experience) -> dict[str, float]:
-        lengths = exp.response_mask_BT.sum(dim=1)
+    @staticmethod
+    def _scores_metrics(scores_B: torch.Tensor) -> dict[str, float]:
+        """Reward of every sample drawn this step (before dynamic sampling dropped any group)."""
+        if len(scores_B) == 0:
+            return {}
         return {
-            "reward/mean": float(exp.scores_B.mean()),
-            "reward/std": float(exp.scores_B.std()) if len(exp) > 1 else 0.0,
-            "response/length_mean": float(lengths.mean()),
-            "response/length_max": float(lengths.max()),
+            "reward/mean": float(scores_B.mean()),
+            "reward/std": float(scores_B.std()) if len(scores_B) > 1 else 0.0,
         }
+
+    @staticmethod
+    def _length_metrics(exp: Experience) -> dict[str, float]:
+        lengths = exp.response_mask_BT.sum(dim=1)
+        return {"response/length_mean": float(lengths.mean()), "response/length_max": float(lengths.max())}
 
     @staticmethod
     def _timing(timer: PhaseTimer, gen_tokens: int, train_tokens: int) -> dict[str, float]:

@@ -17,6 +17,8 @@ from hpcrl.data.tasks import Example
 from hpcrl.rollout.base import GenerationOutput, left_pad
 from hpcrl.train.batch import TrainBatch
 
+_GEN_FIELDS = ("response_ids_BT", "response_mask_BT", "logprobs_BT")
+
 
 @dataclass
 class Experience:
@@ -76,6 +78,28 @@ class Experience:
             [self.responses[i] for i in idx.tolist()] if self.responses else [],
             None if self.scores_B is None else self.scores_B[idx],
             {k: v[idx] for k, v in self.tensors.items()},
+        )
+
+    @classmethod
+    def concat(cls, parts: list[Experience], pad_id: int) -> Experience:
+        """One experience from several rollout batches (dynamic sampling): prompts are left padded again
+        to the widest part; responses already share the generation width (the rollout worker pads)."""
+        if len(parts) == 1:
+            return parts[0]
+        width = max(p.prompt_width for p in parts)
+        ids_BP = torch.cat([F.pad(p.prompt_ids_BP, (width - p.prompt_width, 0), value=pad_id) for p in parts])
+        mask_BP = torch.cat([F.pad(p.prompt_mask_BP, (width - p.prompt_width, 0)) for p in parts])
+        gens = [p.gen for p in parts]
+        gen = GenerationOutput(*(torch.cat([getattr(g, f) for g in gens]) for f in _GEN_FIELDS))
+        return cls(
+            [e for p in parts for e in p.examples],
+            torch.cat([p.group_ids_B for p in parts]),
+            ids_BP,
+            mask_BP,
+            gen,
+            [r for p in parts for r in p.responses],
+            None if parts[0].scores_B is None else torch.cat([p.scores_B for p in parts]),
+            {k: torch.cat([p.tensors[k] for p in parts]) for k in parts[0].tensors},
         )
 
     def train_batch(self, extras: dict[str, torch.Tensor] | None = None) -> TrainBatch:

@@ -19,11 +19,11 @@ import torch.distributed as dist
 from hpcrl.ckpt.state import seed_rngs
 from hpcrl.config.experiment import ExperimentConfig
 from hpcrl.errors import ConfigError, Problem
+from hpcrl.rl.algorithms import ALGORITHMS, algorithm_problems
 from hpcrl.rollout.engine_rule import EngineFacts
 
 log = logging.getLogger(__name__)
 
-ONLINE_ALGORITHMS = ("grpo", "ppo", "remax", "rloo", "reinforce_pp")
 STEP_SLEEP_ENV = "HPCRL_STEP_SLEEP_S"
 """Test knob (set it through `cluster.env`): sleep this long after every step, so that recovery tests
 get minutes of wall-clock work from the real job at almost no CPU cost. Changes no result."""
@@ -36,32 +36,17 @@ def config_problems(cfg: ExperimentConfig, world_size: int) -> list[Problem]:
 
     algo, rollout = cfg.algorithm, cfg.rollout
     problems: list[Problem] = []
-    if algo.name == "dpo":
+    if not ALGORITHMS.get(algo.name, ALGORITHMS["grpo"]).online:
         problems.append(
             Problem(
-                "'dpo' is offline: set entrypoint: hpcrl.rl.dpo:main (see templates/dpo_tiny.yaml)",
+                f"{algo.name!r} is offline: set entrypoint: hpcrl.rl.dpo:main (see templates/dpo_tiny.yaml)",
                 key="algorithm.name",
             )
         )
-    elif algo.name not in ONLINE_ALGORITHMS:
-        problems.append(
-            Problem(f"this job runs {ONLINE_ALGORITHMS}, not {algo.name!r}", key="algorithm.name")
-        )
     problems.extend(placement_problems(cfg, world_size))
-    if algo.name in ("grpo", "rloo") and rollout.samples_per_prompt < 2:
-        problems.append(
-            Problem(f"{algo.name} needs >= 2 samples per prompt", key="rollout.samples_per_prompt")
-        )
-    for key, value in (
-        ("algorithm.steps", algo.steps),
-        ("algorithm.prompts_per_step", algo.prompts_per_step),
-        ("algorithm.ppo_epochs", algo.ppo_epochs),
-        ("rollout.max_new_tokens", rollout.max_new_tokens),
-    ):
-        if value < 1:
-            problems.append(Problem(f"must be >= 1, got {value}", key=key))
-    if algo.kl_in_reward and algo.kl_coef == 0:
-        problems.append(Problem("kl_in_reward needs kl_coef > 0", key="algorithm.kl_in_reward"))
+    problems.extend(algorithm_problems(algo, rollout.samples_per_prompt, rollout.max_new_tokens))
+    if rollout.max_new_tokens < 1:
+        problems.append(Problem(f"must be >= 1, got {rollout.max_new_tokens}", key="rollout.max_new_tokens"))
     try:
         layout = ParallelLayout.from_config(cfg.parallel)
         layout.check_world(training_world(cfg, world_size))

@@ -15,6 +15,7 @@ from hpcrl.rl.advantages import (
     masked_whiten,
     outcome_to_token_rewards,
     reinforce_pp,
+    reinforce_pp_baseline,
     remax,
     rloo,
 )
@@ -95,6 +96,18 @@ def test_reinforce_pp_by_hand():
     torch.testing.assert_close(adv, torch.tensor([[lo, lo, lo], [hi, hi, 0.0]]), atol=1e-5, rtol=1e-5)
 
 
+def test_reinforce_pp_baseline_by_hand():
+    """Group means 0.5 and 2: centred scores (0.5, -0.5, 1, -1) on (3, 2, 1, 2) tokens; batch whitening
+    over the 8 real tokens: mean (1.5 - 1 + 1 - 2) / 8 = -1/16, unbiased variance below."""
+    mask = torch.tensor([[1.0, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 0]])
+    adv = reinforce_pp_baseline(torch.tensor([1.0, 0.0, 3.0, 1.0]), torch.tensor([0, 0, 1, 1]), mask)
+    centred = [0.5] * 3 + [-0.5] * 2 + [1.0] + [-1.0] * 2
+    mean = sum(centred) / 8
+    std = math.sqrt(sum((c - mean) ** 2 for c in centred) / 7)
+    expected = torch.tensor([[0.5, 0.5, 0.5], [-0.5, -0.5, mean], [1.0, mean, mean], [-1.0, -1.0, mean]])
+    torch.testing.assert_close(adv, (expected - mean) / std * mask, atol=1e-5, rtol=1e-5)
+
+
 def test_masked_whiten_ignores_padding_values():
     x = torch.tensor([[1.0, 3.0, 1000.0]])
     out = masked_whiten(x, torch.tensor([[1.0, 1.0, 0.0]]))
@@ -104,7 +117,9 @@ def test_masked_whiten_ignores_padding_values():
 
 
 def test_registry_covers_every_online_algorithm_and_checks_inputs():
-    assert set(ESTIMATORS) == {"ppo", "grpo", "rloo", "remax", "reinforce_pp"}
+    from hpcrl.rl.algorithms import ALGORITHMS
+
+    assert set(ESTIMATORS) == {name for name, spec in ALGORITHMS.items() if spec.online}
     inp = AdvantageInputs(
         scores_B=torch.tensor([1.0, 0.0]),
         token_rewards_BT=torch.tensor([[0.0, 1.0], [0.0, 0.0]]),
@@ -121,7 +136,7 @@ def test_registry_covers_every_online_algorithm_and_checks_inputs():
         compute_advantages("a2c", inp)
 
 
-@pytest.mark.parametrize("name", ["grpo", "rloo", "remax", "reinforce_pp", "ppo"])
+@pytest.mark.parametrize("name", ["grpo", "rloo", "remax", "reinforce_pp", "reinforce_pp_baseline", "ppo"])
 def test_kl_in_the_reward_changes_every_online_estimator(name):
     """Issue 13: with kl_in_reward the outcome-only estimators used to read the raw scores, so KL had no
     effect on grpo, rloo and remax. Now each sees score - beta * sum_t KL_t (verl's convention)."""

@@ -1,5 +1,6 @@
 """Offline DPO: preference data, the pair batch, config rules, and the toy task learning its preference."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -64,15 +65,13 @@ def test_preference_jsonl_splits_and_names_a_missing_key(tmp_path):
 
 
 def test_dpo_config_rules_report_every_problem():
+    """The ranks check again what expand/submit checked (algorithm.dpo_beta is refused there already, so
+    it is set here behind the resolver's back, as a config from elsewhere could be)."""
     cfg = tiny_config(
         TEMPLATE,
-        **{
-            "optim.micro_batch_size": 7,
-            "algorithm.placement": "split",
-            "cluster.tasks_per_node": 2,
-            "algorithm.dpo_beta": 0.0,
-        },
+        **{"optim.micro_batch_size": 7, "algorithm.placement": "split", "cluster.tasks_per_node": 2},
     )
+    cfg = dataclasses.replace(cfg, algorithm=dataclasses.replace(cfg.algorithm, dpo_beta=0.0))
     keys = {p.key for p in dpo_problems(cfg, world_size=2)}
     assert keys == {"optim.micro_batch_size", "algorithm.placement", "algorithm.dpo_beta", "parallel"}
     assert dpo_problems(tiny_config(TEMPLATE), world_size=1) == []

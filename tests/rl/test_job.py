@@ -76,28 +76,76 @@ def test_every_online_estimator_runs_a_step(tmp_path):
         tiny_config(**common, **{"algorithm.name": name, **extra})
         for name, extra in [
             ("ppo", {"algorithm.kl_coef": 0.05, "algorithm.kl_in_reward": True}),
-            ("remax", {}),
+            ("remax", {"algorithm.clip_ratio_c": None, "algorithm.tis_cap": None}),
             ("rloo", {"algorithm.loss_agg": "seq_mean_token_sum"}),
             ("reinforce_pp", {"algorithm.kl_coef": 0.05, "algorithm.kl_estimator": "k1"}),
             (
+                "reinforce_pp_baseline",
+                {
+                    "algorithm.kl_coef": 0.05,
+                    "algorithm.kl_estimator": "k2",
+                    "algorithm.clip_ratio_high": 0.28,
+                },
+            ),
+            (
                 "grpo",
-                {"algorithm.kl_coef": 0.05, "algorithm.norm_adv_by_std": False, "algorithm.ppo_epochs": 2},
+                {
+                    "algorithm.kl_coef": 0.05,
+                    "algorithm.norm_adv_by_std": False,
+                    "algorithm.loss_agg": "seq_mean_token_sum_norm",
+                    "algorithm.ppo_epochs": 2,
+                },
             ),
         ]
     ]
     [results] = run_ranks(run_algorithms, 1, configs, str(tmp_path), timeout_s=300)
-    assert set(results) == {"ppo", "remax", "rloo", "reinforce_pp", "grpo"}
+    assert set(results) == {"ppo", "remax", "rloo", "reinforce_pp", "reinforce_pp_baseline", "grpo"}
     assert "critic/value_loss" in results["ppo"] and "kl/ref" in results["ppo"]
     assert results["grpo"]["actor/kl_loss"] >= 0 and results["grpo"]["actor/approx_kl"] > 0  # 2nd epoch moved
+    assert "tis/weight_mean" not in results["remax"]  # tis_cap: null turns TIS off
     for name, metrics in results.items():
         assert torch.isfinite(torch.tensor(metrics["actor/loss"])), name
+        if name != "remax":  # HF eager rollout == megatron trainer in fp32: weights ~1, none truncated
+            assert (
+                metrics["tis/weight_mean"] == pytest.approx(1.0, abs=1e-4) and metrics["tis/clip_frac"] == 0
+            )
 
 
 @pytest.mark.slow
-def test_kl_in_reward_changes_the_grpo_update(tmp_path):
-    """Issue 13: grpo with kl_in_reward used to update exactly as with kl_coef 0. Step 1's policy is the
-    reference (KL 0), so the runs agree there; from step 2 on the KL reaches the advantages."""
-    common = {"algorithm.steps": 3, "algorithm.eval_every": 0, "algorithm.prompts_per_step": 4}
+def test_dynamic_sampling_trains_on_informative_groups_only(tmp_path):
+    """DAPO's dynamic sampling with the overlong penalty on: each step draws batches until 4 groups whose
+    rewards differ are kept (or 3 batches ran), and the trained groups are exactly those."""
+    cfg = tiny_config(
+        **{
+            "algorithm.steps": 3,
+            "algorithm.eval_every": 0,
+            "algorithm.prompts_per_step": 4,
+            "algorithm.dynamic_sampling": True,
+            "algorithm.max_gen_batches": 3,
+            "algorithm.overlong_buffer_len": 1,
+            "rollout.samples_per_prompt": 4,
+        }
+    )
+    run_ranks(run_job, 1, cfg, str(tmp_path), timeout_s=300)
+    rows = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "sampling/gen_batches" in r]
+    assert len(rows) == 3
+    for r in rows:
+        assert 1 <= r["sampling/gen_batches"] <= 3
+        assert r["sampling/kept_groups"] == 4 or r["sampling/gen_batches"] == 3
+        assert r["advantage/mean_abs"] > 0  # every kept group has a nonzero group-relative advantage
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["grpo", "rloo", "remax", "reinforce_pp", "reinforce_pp_baseline", "ppo"])
+def test_kl_in_reward_changes_the_update_of_every_online_estimator(tmp_path, name):
+    """Issue 13: grpo, rloo and remax with kl_in_reward used to update exactly as with kl_coef 0. Step 1's
+    policy is the reference (KL 0), so the runs agree there; from step 2 on the KL reaches the update."""
+    common = {
+        "algorithm.name": name,
+        "algorithm.steps": 2,
+        "algorithm.eval_every": 0,
+        "algorithm.prompts_per_step": 4,
+    }
     named = [
         ("no_kl", tiny_config(**common)),
         ("kl_in_reward", tiny_config(**common, **{"algorithm.kl_coef": 1.0, "algorithm.kl_in_reward": True})),

@@ -1,0 +1,73 @@
+"""The algorithm registry and AlgorithmConfig's rules: one owner, checked at expand/submit and on ranks."""
+
+import subprocess
+import sys
+import typing
+from dataclasses import fields
+
+import pytest
+
+from hpcrl.rl.algorithms import ALGORITHMS, algorithm_problems
+from hpcrl.rl.config import AlgorithmConfig
+
+
+def test_the_config_names_exactly_the_registered_algorithms():
+    [name_field] = [f for f in fields(AlgorithmConfig) if f.name == "name"]
+    hints = typing.get_type_hints(AlgorithmConfig)
+    assert set(typing.get_args(hints[name_field.name])) == set(ALGORITHMS)
+
+
+def test_a_good_config_has_no_problem():
+    assert algorithm_problems(AlgorithmConfig(), samples_per_prompt=8, max_new_tokens=3) == []
+    assert algorithm_problems(AlgorithmConfig(name="dpo"), samples_per_prompt=1, max_new_tokens=1) == []
+
+
+@pytest.mark.parametrize(
+    ("overrides", "samples", "key"),
+    [
+        ({"name": "rloo"}, 1, "rollout.samples_per_prompt"),
+        ({"name": "reinforce_pp_baseline"}, 1, "rollout.samples_per_prompt"),
+        ({"kl_in_reward": True}, 4, "algorithm.kl_in_reward"),
+        ({"kl_coef": -0.1}, 4, "algorithm.kl_coef"),
+        ({"clip_ratio_low": 1.0}, 4, "algorithm.clip_ratio_low"),
+        ({"clip_ratio": 0.0, "clip_ratio_high": 0.2}, 4, "algorithm.clip_ratio_low"),
+        ({"clip_ratio_high": -0.1}, 4, "algorithm.clip_ratio_high"),
+        ({"clip_ratio_c": 1.0}, 4, "algorithm.clip_ratio_c"),
+        ({"tis_cap": 0.9}, 4, "algorithm.tis_cap"),
+        ({"name": "ppo", "dynamic_sampling": True}, 1, "algorithm.dynamic_sampling"),
+        ({"max_gen_batches": 0}, 4, "algorithm.max_gen_batches"),
+        ({"overlong_buffer_len": 3}, 4, "algorithm.overlong_buffer_len"),
+        ({"overlong_buffer_len": -1}, 4, "algorithm.overlong_buffer_len"),
+        ({"overlong_penalty_factor": -1.0}, 4, "algorithm.overlong_penalty_factor"),
+        ({"steps": 0}, 4, "algorithm.steps"),
+        ({"name": "dpo", "dpo_beta": 0.0}, 4, "algorithm.dpo_beta"),
+    ],
+)
+def test_each_rule_names_its_key(overrides, samples, key):
+    problems = algorithm_problems(AlgorithmConfig(**overrides), samples_per_prompt=samples, max_new_tokens=3)
+    assert [p.key for p in problems] == [key], problems
+
+
+def test_rules_fire_at_expand_through_the_cli(tmp_path):
+    """Every rule runs before anything is submitted: `hpcrl expand` exits 2 and names each key."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hpcrl",
+            "expand",
+            "templates/grpo_tiny.yaml",
+            "--rollout.samples_per_prompt",
+            "1",
+            "--algorithm.kl_in_reward",
+            "true",
+            "--algorithm.clip_ratio_c",
+            "0.5",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    for key in ("rollout.samples_per_prompt", "algorithm.kl_in_reward", "algorithm.clip_ratio_c"):
+        assert f"command line:{key}:" in proc.stderr
