@@ -20,7 +20,16 @@ class CheckpointConfig:
     """Snapshot to host memory and write in the background; at most one save in flight."""
     resume: Literal["auto", "never"] = "auto"
     """auto: resume from the newest committed checkpoint that verifies: `latest`, else (see `fallback`) an
-    older one (also after a Slurm requeue); never: start afresh."""
+    older one (also after a Slurm requeue), provided it was written by this run (the run id in
+    `<run_dir>/run.json`, see hpcrl.rl.run_identity; a checkpoint of another run is an error, exit 2,
+    and one written before run ids were recorded is accepted with a warning); never: start afresh."""
+    resume_from: str | None = None
+    """Start a NEW run from another run's weights (fine-tuning): a checkpoint directory (`step_N`) or a
+    checkpoint root (its newest verified checkpoint). Only the trainers' parameters are loaded (an fp32
+    master where one is saved); the optimizer, data cursor and RNG start fresh, at step 0, under this
+    run's own run id. Used only while this run has no checkpoint of its own: a restarted run resumes
+    its own. A checkpoint root holding ANOTHER run's checkpoints is never resumed (`resume: auto`
+    refuses it, exit 2): point `resume_from` at it and give this run its own `dir`."""
     save_on_exit: bool = True
     """Save at the end of the run."""
     fallback: bool = True

@@ -12,6 +12,10 @@ ranks then agree (one all-reduce) on whether the candidate is good, and on a rej
 reasons (one all-gather). With `fallback=True` they move on to the previous committed checkpoint
 together. Files are opened read-only: a failed load never modifies a checkpoint; a load that fell back
 renames the rejected newer ones aside only when its caller owns the root and asks (`set_aside_rejected`).
+
+A checkpoint written by another run (`expect_run_id`) is neither damaged nor skipped: it ends the load
+with ForeignCheckpoint at once (no fallback to an older one, nothing set aside: the files are another
+run's). A checkpoint without a run id (written before run ids were recorded) is accepted, with a warning.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from hpcrl.ckpt.verify import verify_files
 
 log = logging.getLogger(__name__)
 
-_OK, _CORRUPT, _MISMATCH = 0, 1, 2
+_OK, _CORRUPT, _MISMATCH, _FOREIGN = 0, 1, 2, 3
 
 SpecSource = list[ShardSpec] | Callable[[Manifest], list[ShardSpec]]
 """A rank's shard specs, or a function of a candidate checkpoint's manifest that returns them."""
@@ -52,6 +56,17 @@ SpecSource = list[ShardSpec] | Callable[[Manifest], list[ShardSpec]]
 
 class CheckpointMismatch(CheckpointError):
     """The checkpoint cannot load under the requested shard specs (another model or an impossible layout)."""
+
+
+class ForeignCheckpoint(CheckpointError):
+    """The checkpoint was written by another run than the one the caller expects (`expect_run_id`)."""
+
+    def __init__(self, message: str, directory: Path, run_id: str) -> None:
+        super().__init__(message)
+        self.directory = directory
+        """The candidate that was refused."""
+        self.run_id = run_id
+        """The run id it was written by ('' when this rank could not tell)."""
 
 
 class NoCheckpoint(CheckpointError):
@@ -138,6 +153,7 @@ def load_checkpoint(
     `specs`: this rank's shard specs, or a function of a candidate's manifest returning them (it may
     raise ValueError, KeyError or TypeError to reject the candidate, e.g. for run state the job cannot
     use). Every rank checks a candidate before any tensor byte is copied, then all agree on one verdict.
+    `expect_run_id`: a candidate written by another run raises ForeignCheckpoint (never a fallback).
     `fallback`: on a rejection, all move on to the next older candidate. `set_aside_rejected`: once one
     loads, group rank 0 renames the rejected newer ones out of the `step_N` namespace (commit.set_aside),
     so a rerun can commit those steps again; the owner of the root asks for it (`Checkpointer.load`)."""
@@ -153,6 +169,8 @@ def load_checkpoint(
             _report(rejected, directory if set_aside_rejected and under is not None else None, group)
             return _load(directory, prepared, [why for _, why in rejected])
         message = _reasons(directory, message, group)
+        if verdict == _FOREIGN:
+            raise ForeignCheckpoint(message, directory, _saved_run_id(directory))
         if verdict == _MISMATCH:
             raise CheckpointMismatch(message)
         if not fallback:
@@ -195,10 +213,8 @@ def _prepare(
         manifest = read_manifest(directory)
         check_manifest(directory, manifest)
         state = RunState.from_json(manifest.state)  # cannot fail: read_manifest checked it
-        if expect_run_id is not None and state.run_id != expect_run_id:
-            raise CorruptCheckpoint(
-                f"{directory / MANIFEST}: written by run {state.run_id!r}, expected {expect_run_id!r}"
-            )
+        if _foreign(directory, state.run_id, expect_run_id, group):
+            return _FOREIGN, _foreign_message(directory, state.run_id, expect_run_id), None
         rng = _own_rng(directory, manifest, group_rank(group))
         wanted = _specs_for(directory, manifest, specs)
         problems = compatibility_problems(manifest, wanted)
@@ -218,6 +234,30 @@ def _prepare(
     except (OSError, ValueError, KeyError) as err:  # e.g. an I/O error: this rank must still vote
         return _CORRUPT, f"{directory}: unreadable: {err!r}", None
     return _OK, "", _Prepared(manifest, wanted, reads, hashed, state, rng)
+
+
+def _foreign(directory: Path, saved: str, expected: str | None, group: dist.ProcessGroup | None) -> bool:
+    """Whether a candidate was written by another run than `expected` (None: any run will do). A
+    checkpoint without a run id predates run ids: it cannot be told apart, so it is accepted."""
+    if expected is None or saved == expected:
+        return False
+    if not saved:
+        if group_rank(group) == 0:
+            log.warning("%s has no run id (written before run ids were recorded): accepted", directory)
+        return False
+    return True
+
+
+def _foreign_message(directory: Path, saved: str, expected: str | None) -> str:
+    return f"{directory / MANIFEST}: written by run {saved!r}, expected {expected!r}"
+
+
+def _saved_run_id(directory: Path) -> str:
+    """The run id a refused candidate was written by, read again for the error ('' if unreadable now)."""
+    try:
+        return RunState.from_json(read_manifest(directory).state).run_id
+    except (CheckpointError, OSError, ValueError):
+        return ""
 
 
 def _own_rng(directory: Path, manifest: Manifest, rank: int) -> dict[str, Any] | None:

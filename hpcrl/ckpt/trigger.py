@@ -1,14 +1,16 @@
 """When to checkpoint: every N steps, on a Slurm warning signal, and before the time limit.
 
-The signal handler only sets a flag (saving inside a handler could interrupt a collective). At each
-step boundary `SaveTrigger.decide(step, group)` turns the local reasons into one decision that every rank
-shares (a 4-element MAX all-reduce), because ranks receive signals at slightly different moments:
+Signals are not handled here: the run's lifecycle (hpcrl.lifecycle.Lifecycle, the one owner
+of the process's signal handlers) keeps them as flags, and the trigger reads them through `signals`
+(any object with `take_save_request()` and `terminating`). At each step boundary
+`SaveTrigger.decide(step, group)` turns the local reasons into one decision that every rank shares (a
+4-element MAX all-reduce), because ranks receive signals at slightly different moments:
 
     periodic    every_steps > 0 and step % every_steps == 0
-    requested   a signal (e.g. `--signal=B:USR1@90`, forwarded to the ranks) or `request()` (submitit's
-                USR2 on every rank, relayed by hpcrl.launcher.element.on_requeue) since the last decision
-    terminating `terminate()`: Slurm is ending the job (SIGTERM of a preemption, `scontrol requeue` or
-                scancel, relayed by hpcrl.launcher.element.on_terminate); it kills it KillWait later
+    requested   a warning signal (sbatch `--signal=B:USR1@90`, submitit's USR2 on every rank) or
+                `request()` since the last decision
+    terminating `terminate()` or the lifecycle's SIGTERM (Slurm is ending the job: preemption, `scontrol
+                requeue`, scancel; it kills it KillWait later) or SIGINT (Ctrl-C of a local run)
     deadline    time left < safety · (slowest step + slowest save), time left measured from Slurm once
                 at start (`squeue -h -j $SLURM_JOB_ID -o %L`) and counted down locally
     -> save = any of them; stop = requested, deadline or terminating; requeue = stop unless terminating
@@ -20,11 +22,11 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -69,6 +71,15 @@ def restart_count() -> int:
     return int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
 
 
+class StopSignals(Protocol):
+    """What the trigger reads from the run's lifecycle (hpcrl.lifecycle.Lifecycle)."""
+
+    def take_save_request(self) -> bool: ...
+
+    @property
+    def terminating(self) -> bool: ...
+
+
 @dataclass(frozen=True)
 class SaveDecision:
     save: bool
@@ -89,8 +100,10 @@ class SaveTrigger:
         time_left_s: float | None = None,
         safety: float = 1.5,
         clock: Callable[[], float] = time.monotonic,
+        signals: StopSignals | None = None,
     ) -> None:
         self.every_steps = every_steps
+        self.signals = signals
         self.safety = safety
         self._clock = clock
         self._deadline = None if time_left_s is None else clock() + time_left_s
@@ -104,16 +117,12 @@ class SaveTrigger:
         return cls(every_steps, time_left_s=slurm_time_left(), **kwargs)
 
     def request(self) -> None:
-        """Ask for a save-and-stop at the next step boundary (safe to call from a signal handler)."""
+        """Ask for a save-and-stop at the next step boundary."""
         self._requested = True
 
     def terminate(self) -> None:
-        """Slurm is ending the job: save and stop at the next step boundary, without a requeue of our own
-        (safe to call from a signal handler)."""
+        """The job is ending: save and stop at the next step boundary, without a requeue of our own."""
         self._terminating = True
-
-    def install_signal_handler(self, signum: int = signal.SIGUSR1) -> None:
-        signal.signal(signum, lambda *_: self.request())
 
     def record_step(self, seconds: float) -> None:
         self._slowest_step_s = max(self._slowest_step_s, seconds)
@@ -127,11 +136,12 @@ class SaveTrigger:
     def decide(self, step: int, group: dist.ProcessGroup | None) -> SaveDecision:
         """Collective over `group` (None: this process alone): the same decision on every rank."""
         left = self.time_left()
+        signalled = self.signals is not None and self.signals.take_save_request()
         local = [
             self.every_steps > 0 and step % self.every_steps == 0,
-            self._requested,
+            self._requested or signalled,
             left is not None and left < self.safety * (self._slowest_step_s + self._slowest_save_s),
-            self._terminating,
+            self._terminating or (self.signals is not None and self.signals.terminating),
         ]
         self._requested = False
         flags = torch.tensor([int(f) for f in local], dtype=torch.int64)

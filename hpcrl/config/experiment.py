@@ -30,7 +30,9 @@ class ExperimentConfig:
     run_root: str = "runs"
     """Where run directories are created (relative to the working directory)."""
     entrypoint: str = "hpcrl.rl.job:main"
-    """`module:function` every rank of an element calls with (ExperimentConfig, run_dir: Path)."""
+    """`module:function` every rank of an element calls as `fn(cfg, run_dir, lifecycle=...)`: the
+    ExperimentConfig, the run directory (Path) and the run's hpcrl.lifecycle.Lifecycle (its
+    stop signals; an entrypoint that saves nothing may ignore it)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     optim: OptimizerConfig = field(default_factory=OptimizerConfig)

@@ -42,10 +42,13 @@ class ClusterConfig:
     """Array elements running at once (%N)."""
     signal_delay_s: int = 90
     """Seconds before the time limit at which Slurm signals every rank (submitit's --signal=USR2@N) so
-    the element checkpoints (hpcrl.launcher.element.on_requeue callbacks) and is requeued."""
+    the element checkpoints (hpcrl.lifecycle relays it to the save trigger) and is requeued."""
     max_requeues: int = 3
     """Times an element is requeued after its time-limit signal (submitit's max_num_timeout); each requeue
     resumes from the latest checkpoint. Preemptions do not count against it."""
+    stop_grace_s: float = 5.0
+    """Local executor: after Ctrl-C or SIGTERM of `hpcrl run` (forwarded to the ranks), or once one rank
+    died, the other ranks get this many seconds to end on their own; then they are SIGKILLed."""
     env: dict[str, str] = field(default_factory=dict)
     """Environment of every rank (e.g. NCCL_IB_HCA); values are quoted, never interpreted by a shell."""
     modules: list[str] = field(default_factory=list)

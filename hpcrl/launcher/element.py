@@ -1,31 +1,36 @@
-"""What every rank of an array element runs: read the resolved config, form the process group, call
-the experiment's entrypoint `fn(cfg, run_dir)`.
+"""What every rank of an array element runs: read the resolved config, take the run's writer lock
+(rank 0), form the process group, call the experiment's entrypoint `fn(cfg, run_dir, lifecycle=...)`.
 
 The process group is always formed (world 1 included) from the launcher's environment through
 `hpcrl.dist.env` (Slurm srun, torchrun-style variables from the local executor, or a single process),
 so an entrypoint never sets up distribution itself.
 
-Requeue path: on Slurm the element is a submitit `Checkpointable`; submitit asks for
-`--signal=USR2@<signal_delay_s>`, which Slurm sends to EVERY rank (srun tasks). submitit's own handler
-would checkpoint and requeue on rank 0 at once, in the middle of a step, while the other ranks carry on.
-So `run_element` relays the signal instead: on every rank it runs the callbacks registered with
-`on_requeue` (the RL job's is "save and stop at the next step boundary", agreed across ranks). An
-entrypoint that then saves and stops early calls `stop_for_requeue()`; once it has returned (process
-group torn down), rank 0 hands over to submitit's handler, which calls `ElementTask.checkpoint` (state
-REQUEUED) and `scontrol requeue`s the element; the restarted element resumes from `latest`. Without any
-registered callback (an entrypoint that saves nothing) the element is not requeued: it would restart
-from scratch. A signal that arrives after the last step (the run completes) requeues nothing either.
-The same `stop_for_requeue()` path serves a save made before the time limit without any signal.
+One writer per run: group rank 0 holds the writer lock of the run directory (and of the checkpoint root
+when it lies elsewhere) for the whole run (hpcrl.launcher.runlock). It tries before anything is written,
+then all ranks agree on the outcome right after the process group forms, so a refused second writer
+ends on every rank at once (ConfigError, exit 2, naming the holder's host and pid) without touching the
+run directory.
+
+Signals: the `Lifecycle` (hpcrl.lifecycle) this wrapper creates owns them for the run and is
+passed to the entrypoint; its save trigger reads it. Requeue path: on Slurm the element is a submitit
+`Checkpointable`; submitit asks for `--signal=USR2@<signal_delay_s>`, which Slurm sends to EVERY rank;
+the lifecycle relays it to the trigger ("save and stop at the next step boundary", agreed across ranks)
+instead of letting submitit requeue rank 0 mid-step. An entrypoint that saved and stopped early calls
+`lifecycle.stop_for_requeue()`; once it has returned (process group torn down), rank 0 hands over to
+submitit's handler, which calls `ElementTask.checkpoint` (state REQUEUED) and `scontrol requeue`s the
+element; the restarted element resumes from `latest`. An entrypoint that never asks for it (it saves
+nothing) is not requeued: it would restart from scratch. A signal after the last step requeues nothing.
+The same path serves a save made before the time limit without any signal.
 
 Termination path: a preemption (PreemptMode=REQUEUE), `scontrol requeue` or scancel sends SIGTERM to every
-rank and SIGKILL KillWait seconds later (submitit's own handler only logs SIGTERM). Under submitit every
-rank relays it to the callbacks registered with `on_terminate` (the RL job's: "save and stop at the next
-step boundary"); an entrypoint that saved and stopped calls `stop_for_termination()`, and the element
-exits without a requeue of its own: Slurm requeues a preempted or requeued job itself (it then resumes
-exactly where it stopped) and a cancelled one stays ended.
+rank and SIGKILL KillWait seconds later (submitit's own handler only logs SIGTERM). The entrypoint saves,
+stops and calls `lifecycle.stop_for_termination()`; the element exits without a requeue of its own:
+Slurm requeues a preempted or requeued job itself and a cancelled one stays ended. Locally, Ctrl-C
+(SIGINT, forwarded to every rank by hpcrl.launcher.ranks) takes the same path.
 Rank 0 keeps `<run_dir>/launcher.json` up to date (state, job id, restart count) for `hpcrl status`.
 
-Run as a module (`python -m hpcrl.launcher.element CONFIG RUN_DIR`) it is one rank of a local run.
+Run as a module (`python -m hpcrl.launcher.element CONFIG RUN_DIR`) it is one rank of a local run: it
+records its error for the launcher (hpcrl.launcher.ranks.record_error) and exits 2 on a config error.
 """
 
 from __future__ import annotations
@@ -34,9 +39,7 @@ import contextlib
 import importlib
 import json
 import os
-import signal
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -46,95 +49,14 @@ import submitit
 
 from hpcrl.config.yaml_io import atomic_write
 from hpcrl.errors import ConfigError, Problem
+from hpcrl.launcher.runlock import RunLocked, lock_targets, writer_lock
+from hpcrl.lifecycle import REQUEUE_SIGNAL, Lifecycle
 
 if TYPE_CHECKING:
     from hpcrl.config.experiment import ExperimentConfig
     from hpcrl.dist.env import DistEnv
 
 LAUNCHER_STATE = "launcher.json"
-
-REQUEUE_SIGNAL = signal.SIGUSR2
-"""submitit's warning signal on Slurm (`--signal=USR2@<cluster.signal_delay_s>`)."""
-
-TERMINATE_SIGNAL = signal.SIGTERM
-"""Slurm's 'this job ends now' (preemption, requeue, cancel); SIGKILL follows KillWait seconds later."""
-
-_requeue_callbacks: list[Callable[[], None]] = []
-_terminate_callbacks: list[Callable[[], None]] = []
-_flags = {"signalled": False, "stop_for_requeue": False, "terminating": False, "stopped": False}
-# Process-local (one per rank process), not distributed state: signal handlers can't take arguments.
-
-
-def on_requeue(callback: Callable[[], None]) -> Callable[[], None]:
-    """Register `callback()` to run on this rank when Slurm is about to stop the element for a requeue
-    (it runs inside a signal handler: only set a flag). A signal that came before the registration
-    (while the entrypoint was starting) is delivered at once. Returns a function that unregisters it."""
-    _requeue_callbacks.append(callback)
-    if _flags["signalled"]:
-        callback()
-    return lambda: _requeue_callbacks.remove(callback) if callback in _requeue_callbacks else None
-
-
-def on_terminate(callback: Callable[[], None]) -> Callable[[], None]:
-    """Register `callback()` to run on this rank when Slurm is terminating the element (SIGTERM under
-    submitit; runs inside a signal handler: only set a flag). Returns a function that unregisters it."""
-    _terminate_callbacks.append(callback)
-    if _flags["terminating"]:
-        callback()
-    return lambda: _terminate_callbacks.remove(callback) if callback in _terminate_callbacks else None
-
-
-def stop_for_termination() -> None:
-    """Called by an entrypoint that saved and stopped because Slurm is terminating the element: it ends
-    without being reported COMPLETED and without a requeue of its own."""
-    _flags["stopped"] = True
-
-
-def _on_sigterm(signum, frame) -> None:
-    _flags["terminating"] = True
-    print(f"hpcrl: {signal.Signals(signum).name}: Slurm is ending the job", file=sys.stderr, flush=True)
-    for callback in list(_terminate_callbacks):
-        callback()
-
-
-def stop_for_requeue() -> None:
-    """Called by an entrypoint that saved and stopped early (requeue signal or time limit): when it
-    returns, the element is requeued on Slurm instead of being reported COMPLETED."""
-    _flags["stop_for_requeue"] = True
-
-
-def _submitit_handler() -> Callable | None:
-    """submitit's requeue handler when this process runs under submitit on Slurm, else None."""
-    from submitit.core.job_environment import SignalHandler
-
-    handler = signal.getsignal(REQUEUE_SIGNAL)
-    return handler if isinstance(getattr(handler, "__self__", None), SignalHandler) else None
-
-
-def _requeues_left(submitit_handler: Callable) -> int:
-    """What submitit's handler would compute (its `max_num_timeout` countdown): < 0 = it will refuse to
-    requeue. Reads submitit 1.5's private fields; unknown -> assume a requeue is possible."""
-    handler = submitit_handler.__self__
-    countdown = getattr(getattr(handler, "_delayed", None), "_timeout_countdown", None)
-    return 0 if countdown is None else countdown - int(handler.has_timed_out())
-
-
-def _relay(submitit_handler: Callable) -> Callable:
-    """The USR2 handler of every rank: remember the signal and tell the registered callbacks. An
-    entrypoint that registers none runs on to the time limit: requeueing it would restart it from
-    scratch (nothing saved) and it could never finish."""
-
-    def relay(signum, frame) -> None:
-        if _requeues_left(submitit_handler) < 0:
-            # stopping would end the run for good: better to keep going and maybe finish in time
-            print("hpcrl: requeue signal ignored: no requeue left (max_num_timeout)", file=sys.stderr)
-            return
-        _flags["signalled"] = True
-        print(f"hpcrl: {signal.Signals(signum).name}: requeue requested", file=sys.stderr, flush=True)
-        for callback in list(_requeue_callbacks):
-            callback()
-
-    return relay
 
 
 def load_entrypoint(spec: str) -> Callable[..., Any]:
@@ -166,17 +88,19 @@ def _write_state(run_dir: Path, **fields: Any) -> None:
     atomic_write(path, json.dumps(state, indent=1), fsync=False)
 
 
-def run_element(config_path: str | Path, run_dir: str | Path) -> Any:
-    """Run this rank of one element; returns the entrypoint's result."""
+def run_element(config_path: str | Path, run_dir: str | Path, lifecycle: Lifecycle | None = None) -> Any:
+    """Run this rank of one element; returns the entrypoint's result. `lifecycle`: the caller's, to read
+    how the run ended (e.g. `interrupted_by`); by default one for this process."""
     from hpcrl.dist.env import DistEnv
 
     run_dir = Path(run_dir)
     cfg = load_resolved(config_path)
     env = DistEnv.from_environ()
+    lifecycle = lifecycle or Lifecycle.for_this_process()
     # Scoped: a 1-rank element runs inside the caller's process (`hpcrl run`, tests), whose later
-    # sbatch calls must not inherit this element's MASTER_PORT and RANK.
-    with scoped_environ(env.torchrun_environ()):
-        return _run_rank(cfg, env, run_dir)
+    # sbatch calls must not inherit this element's MASTER_PORT and RANK, nor keep its signal handlers.
+    with scoped_environ(env.torchrun_environ()), lifecycle.installed():
+        return _run_rank(cfg, env, run_dir, lifecycle)
 
 
 @contextlib.contextmanager
@@ -194,46 +118,84 @@ def scoped_environ(overrides: dict[str, str]) -> Iterator[None]:
                 os.environ[key] = value
 
 
-def _run_rank(cfg: ExperimentConfig, env: DistEnv, run_dir: Path) -> Any:
+def _run_rank(cfg: ExperimentConfig, env: DistEnv, run_dir: Path, lifecycle: Lifecycle) -> Any:
+    fn = load_entrypoint(cfg.entrypoint)
+    with contextlib.ExitStack() as lock:
+        refusal = _take_run_lock(lock, cfg, run_dir) if env.rank == 0 else None
+        result = _run_in_group(fn, cfg, env, run_dir, lifecycle, refusal)
+        return _finish(result, env, run_dir, lifecycle)
+
+
+def _take_run_lock(stack: contextlib.ExitStack, cfg: ExperimentConfig, run_dir: Path) -> RunLocked | None:
+    """Rank 0: hold the writer lock until `stack` closes; the refusal is returned, to be raised on every
+    rank together (`_agree_on_lock`)."""
+    try:
+        stack.enter_context(writer_lock(lock_targets(run_dir, cfg.checkpoint.dir)))
+    except RunLocked as refusal:
+        return refusal
+    return None
+
+
+def _agree_on_lock(refusal: RunLocked | None, env: DistEnv) -> None:
+    """Every rank raises when rank 0 could not take the lock. broadcast_object_list: it works on every
+    backend (NCCL included) and the payload is our own rank 0's text."""
+    import torch.distributed as dist
+
+    message = [str(refusal) if refusal is not None else None]
+    if env.world_size > 1:
+        dist.broadcast_object_list(message, src=0)
+    if refusal is not None:
+        raise refusal
+    if message[0] is not None:
+        raise RunLocked(Problem(f"rank 0 could not take the writer lock: {message[0]}"))
+
+
+def _run_in_group(
+    fn: Callable[..., Any],
+    cfg: ExperimentConfig,
+    env: DistEnv,
+    run_dir: Path,
+    lifecycle: Lifecycle,
+    refusal: RunLocked | None,
+) -> Any:
     import torch.distributed as dist
 
     from hpcrl.dist.env import init_process_group
 
-    fn = load_entrypoint(cfg.entrypoint)
-    submitit_handler = _submitit_handler()
-    if submitit_handler is not None and threading.current_thread() is threading.main_thread():
-        signal.signal(REQUEUE_SIGNAL, _relay(submitit_handler))
-        signal.signal(TERMINATE_SIGNAL, _on_sigterm)
-    _flags.update(signalled=False, stop_for_requeue=False, terminating=False, stopped=False)
-    if env.rank == 0:
-        restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
-        _write_state(
-            run_dir,
-            state="RUNNING",
-            job_id=env.job_id,
-            restart_count=restarts,
-            world_size=env.world_size,
-            node=env.node_name,
-            started=time.time(),
-        )
     init_process_group(env, cfg.parallel.backend, cfg.parallel.timeout_s)
     try:
-        result = fn(cfg, run_dir)
-    except BaseException as err:
+        _agree_on_lock(refusal, env)  # before anything is written: the run dir may be another's
         if env.rank == 0:
-            _write_state(run_dir, state="FAILED", error=f"{type(err).__name__}: {err}")
-        raise
+            _write_state(
+                run_dir,
+                state="RUNNING",
+                job_id=env.job_id,
+                restart_count=int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
+                world_size=env.world_size,
+                node=env.node_name,
+                started=time.time(),
+            )
+        try:
+            return fn(cfg, run_dir, lifecycle=lifecycle)
+        except BaseException as err:
+            if env.rank == 0:
+                _write_state(run_dir, state="FAILED", error=f"{type(err).__name__}: {err}")
+            raise
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-    if submitit_handler is not None:
-        # Done: a late warning signal must not kill the exiting process (Python restores the default
-        # action, terminate, while it shuts down; Slurm would then call the finished element FAILED).
-        signal.signal(REQUEUE_SIGNAL, signal.SIG_IGN)
-        if _flags["stop_for_requeue"]:
-            _requeue(submitit_handler, env.rank)
-            return result
-    if _flags["stopped"]:  # saved on SIGTERM: Slurm decides what comes next (requeue or the end)
+
+
+def _finish(result: Any, env: DistEnv, run_dir: Path, lifecycle: Lifecycle) -> Any:
+    """After the entrypoint returned: requeue (it stopped for one, under submitit), STOPPED (it saved
+    and stopped because the job is ending) or COMPLETED. Still under the writer lock."""
+    # Done: a late warning signal must not kill the exiting process (Python restores the default
+    # action, terminate, while it shuts down; Slurm would then call the finished element FAILED).
+    lifecycle.uninstall()
+    if lifecycle.submitit_handler is not None and lifecycle.wants_requeue:
+        _requeue(lifecycle.submitit_handler, env.rank)
+        return result
+    if lifecycle.stopped:  # saved on SIGTERM/SIGINT: Slurm decides what comes next (requeue or the end)
         if env.rank == 0:
             _write_state(run_dir, state="STOPPED", stopped=time.time())
         return result
@@ -257,16 +219,32 @@ class ElementTask(submitit.helpers.Checkpointable):
         return run_element(config_path, run_dir)
 
     def checkpoint(self, config_path: str, run_dir: str) -> submitit.helpers.DelayedSubmission:
-        for callback in _requeue_callbacks:
-            callback()
+        """submitit's requeue hook, called by `_requeue` once the entrypoint saved and returned."""
         _write_state(Path(run_dir), state="REQUEUED", requeue_requested=time.time())
         return submitit.helpers.DelayedSubmission(self, config_path, run_dir)
 
 
 def main(argv: list[str] | None = None) -> int:
+    """One rank of a local run. Its error's first line goes where the launcher reads it; a config error
+    is printed like the CLI does and exits 2 (the job's exit code then says config error too)."""
+    from hpcrl.launcher.ranks import CONFIG_ERROR_EXIT, record_error
+
     config_path, run_dir = argv if argv is not None else sys.argv[1:]
-    run_element(config_path, run_dir)
-    return 0
+    lifecycle = Lifecycle.for_this_process()
+    try:
+        run_element(config_path, run_dir, lifecycle)
+    except ConfigError as err:
+        record_error(err)
+        print(f"hpcrl: {len(err.problems)} problem(s):", file=sys.stderr)
+        for problem in err.problems:
+            print(f"  - {problem}", file=sys.stderr)
+        return CONFIG_ERROR_EXIT
+    except SystemExit:
+        raise
+    except BaseException as err:
+        record_error(err)
+        raise
+    return 128 + lifecycle.interrupted_by if lifecycle.interrupted_by else 0
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """The `local` executor: run elements on this machine, no Slurm needed.
 
 An element of W = nodes * tasks_per_node ranks runs as W local processes with torchrun-style
-variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1, a free MASTER_PORT); a 1-rank element
-of `hpcrl run` runs in-process. `submit` with this executor starts a detached sweep runner
+variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1, a free MASTER_PORT), supervised as one
+job (hpcrl.launcher.ranks: stops forwarded, ranks die with their launcher, a dead rank is named); a
+1-rank element of `hpcrl run` runs in-process. `submit` with this executor starts a detached sweep runner
 (`python -m hpcrl.launcher.local SWEEP_DIR INDEX...`) and returns at once; the runner runs up to
 `array_parallelism` elements at a time and keeps `<sweep dir>/local/<index>.json` (state, process
 group, exit code) and `<index>.log` for status / logs / cancel.
@@ -17,75 +18,33 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 from hpcrl.config.yaml_io import atomic_write
-from hpcrl.dist.spawn import free_port
+from hpcrl.launcher.ranks import Ranks, forwarded_stops, start_ranks, supervise
 
 LOCAL_DIR = "local"
-_STRIP = ("SLURM_PROCID", "SLURM_STEP_ID", "TORCHELASTIC_RUN_ID")  # a local run is never an srun step
-
-
-def rank_environ(rank: int, world: int, port: int, extra: dict[str, str]) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in _STRIP}
-    env.update(extra)
-    env.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE=str(world),
-        GROUP_RANK="0",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
-    return env
-
-
-def start_ranks(
-    config_path: str, run_dir: str, world: int, extra_env: dict[str, str], log
-) -> list[subprocess.Popen]:
-    """Start the W rank processes of one element in one new process group (led by rank 0)."""
-    port = free_port()
-    procs: list[subprocess.Popen] = []
-    for rank in range(world):
-        group = {"process_group": 0 if rank == 0 else procs[0].pid}  # one group: cancel kills all ranks
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "hpcrl.launcher.element", config_path, run_dir],
-                env=rank_environ(rank, world, port, extra_env),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                **group,
-            )
-        )
-    return procs
-
-
-def wait_ranks(procs: list[subprocess.Popen], grace_s: float = 10.0) -> int:
-    """Wait for all ranks; once one fails, give the others `grace_s` and then kill the group."""
-    deadline = None
-    while True:
-        codes = [p.poll() for p in procs]
-        if all(c is not None for c in codes):
-            return next((c for c in codes if c != 0), 0)
-        if deadline is None and any(c not in (None, 0) for c in codes):
-            deadline = time.monotonic() + grace_s
-        if deadline is not None and time.monotonic() > deadline:
-            _kill_group(procs[0].pid, signal.SIGKILL)
-        time.sleep(0.1)
-
-
-def _kill_group(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, sig)
 
 
 def run_local(
-    config_path: str | Path, run_dir: str | Path, world: int, extra_env: dict[str, str], log=None
+    config_path: str | Path,
+    run_dir: str | Path,
+    world: int,
+    extra_env: dict[str, str],
+    log: IO[bytes] | None = None,
+    grace_s: float = 5.0,
 ) -> int:
-    """Run one element of `world` ranks as local processes; returns the first non-zero exit code or 0."""
-    procs = start_ranks(str(config_path), str(run_dir), world, extra_env, log)
-    return wait_ranks(procs)
+    """Run one element of `world` ranks as local processes, supervised as one job (hpcrl.launcher.ranks:
+    Ctrl-C/SIGTERM forwarded, then SIGKILL after `grace_s`; the ranks die with this process; a dead rank
+    is named). Returns the job's exit code (0, 2 for a config error, RANK_DIED_EXIT, 128 + signal)."""
+    with forwarded_stops() as stops:
+        ranks = start_ranks(str(config_path), str(run_dir), world, extra_env, log)
+        try:
+            return supervise(ranks, grace_s, stops)
+        finally:
+            ranks.close()
 
 
 # --- detached sweep runner -------------------------------------------------------------------------
@@ -141,7 +100,8 @@ def cancel_local(sweep_dir: Path, index: int) -> None:
     if state.get("state") in ("PENDING", "RUNNING"):
         write_state(sweep_dir, index, **{**state, "state": "CANCELLED"})
         if state.get("pgid"):
-            _kill_group(state["pgid"], signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(state["pgid"], signal.SIGTERM)
 
 
 def _run_sweep(sweep_dir: Path, indices: list[int]) -> None:
@@ -152,7 +112,7 @@ def _run_sweep(sweep_dir: Path, indices: list[int]) -> None:
     entries = [manifest.entry(i) for i in indices]
     cfgs = {e.index: load_resolved(e.config_path) for e in entries}
     parallel = max(1, min(cfgs[entries[0].index].cluster.array_parallelism, os.cpu_count() or 1))
-    running: dict[int, tuple[list[subprocess.Popen], object]] = {}
+    running: dict[int, tuple[Ranks, IO[bytes]]] = {}
     queue = list(entries)
     while queue or running:
         while queue and len(running) < parallel:
@@ -162,18 +122,29 @@ def _run_sweep(sweep_dir: Path, indices: list[int]) -> None:
             cfg = cfgs[entry.index]
             log = open(log_path(sweep_dir, entry.index), "ab")  # noqa: SIM115 - closed when the element ends
             world = cfg.cluster.nodes * cfg.cluster.tasks_per_node
-            procs = start_ranks(entry.config_path, entry.run_dir, world, cfg.cluster.env, log)
-            write_state(sweep_dir, entry.index, state="RUNNING", pgid=procs[0].pid, started=time.time())
-            running[entry.index] = (procs, log)
-        for index, (procs, log) in list(running.items()):
-            if all(p.poll() is not None for p in procs) or any(p.poll() not in (None, 0) for p in procs):
-                code = wait_ranks(procs)
+            ranks = start_ranks(entry.config_path, entry.run_dir, world, cfg.cluster.env, log)
+            write_state(sweep_dir, entry.index, state="RUNNING", pgid=ranks.pgid, started=time.time())
+            running[entry.index] = (ranks, log)
+        for index, (ranks, log) in list(running.items()):
+            codes = [p.poll() for p in ranks.procs]
+            if all(c is not None for c in codes) or any(c not in (None, 0) for c in codes):
+                say = _log_writer(log)  # the launcher's report goes into the element's log
+                code = supervise(ranks, cfgs[index].cluster.stop_grace_s, say=say)
+                ranks.close()
                 log.close()
                 del running[index]
                 cancelled = read_state(sweep_dir, index).get("state") == "CANCELLED"
                 final = "CANCELLED" if cancelled else ("COMPLETED" if code == 0 else "FAILED")
                 write_state(sweep_dir, index, state=final, exit_code=code, finished=time.time())
         time.sleep(0.2)
+
+
+def _log_writer(log: IO[bytes]) -> Callable[[str], None]:
+    def say(text: str) -> None:
+        log.write(f"hpcrl: {text}\n".encode())
+        log.flush()
+
+    return say
 
 
 if __name__ == "__main__":

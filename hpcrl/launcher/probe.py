@@ -20,11 +20,13 @@ from pathlib import Path
 
 from hpcrl.config.experiment import ExperimentConfig
 from hpcrl.config.yaml_io import atomic_write
+from hpcrl.lifecycle import Lifecycle
 
 RESULT = "probe.json"
 
 
-def main(cfg: ExperimentConfig, run_dir: Path) -> dict:
+def main(cfg: ExperimentConfig, run_dir: Path, lifecycle: Lifecycle | None = None) -> dict:
+    """The probe saves nothing: it ignores the lifecycle (a stop signal ends it only by force)."""
     import torch
     import torch.distributed as dist
 

@@ -9,23 +9,25 @@ start of every step). Saves are async when `checkpoint.async_save`: every saved 
 in-flight save before its optimizer step (`Trainer.add_pre_step_hook(checkpointer.fence)`), the first
 in-place write of its parameters and optimizer state in a step (nothing else writes them in place: the
 reshard engine and the rollout engines only read the training shards).
-When to save is `hpcrl.ckpt.trigger.SaveTrigger`: every `checkpoint.every_steps`, on SIGUSR1 (plain
-`sbatch --signal=B:USR1@N`) or submitit's USR2 (relayed by hpcrl.launcher.element.on_requeue), and before
-the time limit; a requested or deadline save also stops the run and asks the launcher to requeue it
-(`stop_for_requeue`); on SIGTERM (preemption, `scontrol requeue`) it saves and stops without one, and the
-job Slurm restarts resumes at that step. `RunState.step` counts completed steps, so a resumed run starts
+When to save is `hpcrl.ckpt.trigger.SaveTrigger`, reading the run's `Lifecycle` (the owner of the
+signals, hpcrl.lifecycle): every `checkpoint.every_steps`, on SIGUSR1 (plain
+`sbatch --signal=B:USR1@N`) or submitit's USR2, and before the time limit; a requested or deadline save
+also stops the run and asks the launcher to requeue it (`lifecycle.stop_for_requeue`); on SIGTERM
+(preemption, `scontrol requeue`) or a local Ctrl-C it saves and stops without one, and the job Slurm
+restarts resumes at that step. `RunState.step` counts completed steps, so a resumed run starts
 at that step, and metrics.jsonl is cut back to the steps before it (those after it are redone: each step
 is logged once).
+
+Run identity (hpcrl.rl.run_identity): group rank 0 reads or creates `<run_dir>/run.json`, every
+checkpoint carries its run id, and a resume refuses a checkpoint of another run (ConfigError naming
+checkpoint.dir and both run ids). `checkpoint.resume_from` starts a new run from another run's weights.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
-import signal
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,17 +36,19 @@ from typing import TYPE_CHECKING, Protocol
 import torch.distributed as dist
 
 from hpcrl.ckpt.checkpointer import Checkpointer
-from hpcrl.ckpt.collectives import group_rank
-from hpcrl.ckpt.load import NoCheckpoint
-from hpcrl.ckpt.manifest import Manifest
+from hpcrl.ckpt.collectives import all_gather_json, group_rank
+from hpcrl.ckpt.load import ForeignCheckpoint, Loaded, NoCheckpoint, load_checkpoint
+from hpcrl.ckpt.manifest import CheckpointError, Manifest
 from hpcrl.ckpt.megatron import load_into_trainer, model_extra, trainer_shards, trainer_specs
 from hpcrl.ckpt.shards import ShardSpec
 from hpcrl.ckpt.state import RunState, restore_rng
 from hpcrl.ckpt.trigger import SaveTrigger, restart_count
 from hpcrl.config.experiment import ExperimentConfig
 from hpcrl.data.cursor import DataCursor, PromptSampler
-from hpcrl.launcher.element import on_requeue, on_terminate, stop_for_requeue, stop_for_termination
+from hpcrl.errors import ConfigError, Problem
+from hpcrl.lifecycle import Lifecycle
 from hpcrl.metrics.sinks import METRICS_FILE
+from hpcrl.rl.run_identity import RunIdentity, fingerprint_of, load_or_create
 
 if TYPE_CHECKING:
     from hpcrl.metrics.logger import MetricsLogger
@@ -81,6 +85,21 @@ def cut_metrics_back(path: Path, resume_step: int) -> int:
     return dropped
 
 
+def establish_identity(cfg: ExperimentConfig, run_dir: Path, group: dist.ProcessGroup | None) -> RunIdentity:
+    """This run's identity on every rank: group rank 0 reads or creates `<run_dir>/run.json` (one writer:
+    the run lock's holder) and shares it, or shares its ConfigError, which every rank then raises."""
+    payload: dict = {}
+    if group_rank(group) == 0:
+        try:
+            payload = {"identity": load_or_create(run_dir, cfg).to_json()}
+        except ConfigError as err:
+            payload = {"problems": [vars(p) for p in err.problems]}
+    agreed = all_gather_json(payload, group)[0]
+    if "problems" in agreed:
+        raise ConfigError([Problem(**p) for p in agreed["problems"]])
+    return RunIdentity(**agreed["identity"])
+
+
 class SamplerOwner(Protocol):
     """The object whose `sampler` walks the training data (the RL or DPO driver); resume replaces it."""
 
@@ -101,23 +120,24 @@ class RLCheckpointing:
     """Save / resume of a job's `trainers` (prefix -> Trainer on this rank) and of `data`'s cursor."""
 
     def __init__(
-        self, cfg: ExperimentConfig, run_dir: Path, trainers: dict[str, Trainer], data: SamplerOwner
+        self,
+        cfg: ExperimentConfig,
+        run_dir: Path,
+        trainers: dict[str, Trainer],
+        data: SamplerOwner,
+        lifecycle: Lifecycle | None = None,
     ):
         self.cfg, self.data, self.run_dir = cfg, data, Path(run_dir)
+        self.lifecycle = lifecycle or Lifecycle()  # a direct call (tests): inert, no signal handlers
         self.trainers = dict(trainers)
         self.group = dist.group.WORLD if dist.is_initialized() and dist.get_world_size() > 1 else None
+        self.identity = establish_identity(cfg, self.run_dir, self.group)
         self.checkpointer = Checkpointer.from_config(cfg.checkpoint, run_dir, self.group)
         self.trigger = SaveTrigger.from_slurm(
-            cfg.checkpoint.every_steps, safety=cfg.checkpoint.deadline_safety
+            cfg.checkpoint.every_steps, safety=cfg.checkpoint.deadline_safety, signals=self.lifecycle
         )
-        if threading.current_thread() is threading.main_thread():
-            self.trigger.install_signal_handler(signal.SIGUSR1)  # plain `sbatch --signal=B:USR1@N`
-        self._removers: list[Callable[[], None]] = [
-            on_requeue(self.trigger.request),  # submitit's USR2 before the time limit
-            on_terminate(self.trigger.terminate),  # SIGTERM: preemption, scontrol requeue, scancel
-        ]
         # the optimizer step is the first in-place write of what an async save copies in the background
-        self._removers += [t.add_pre_step_hook(self.checkpointer.fence) for t in self.trainers.values()]
+        self._removers = [t.add_pre_step_hook(self.checkpointer.fence) for t in self.trainers.values()]
         self._step_started = time.perf_counter()
         self._last_saved: int | None = None
 
@@ -129,12 +149,12 @@ class RLCheckpointing:
         a torn manifest or a damaged file moves all ranks on to the next older one together
         (`checkpoint.fallback`), and the rejected one is set aside so this run can commit its step again.
         Either way the metrics log is cut back to the start step: records of an earlier attempt that
-        died before its first checkpoint are redone from step 0 and must not appear twice."""
-        loaded = None
-        if self.cfg.checkpoint.resume == "auto":
-            with contextlib.suppress(NoCheckpoint):  # nothing committed yet: a fresh start
-                loaded = self.checkpointer.load(self._specs, fallback=self.cfg.checkpoint.fallback)
+        died before its first checkpoint are redone from step 0 and must not appear twice. Only this
+        run's checkpoints are resumed; without one, `checkpoint.resume_from` gives the first weights."""
+        loaded = self._load_own() if self.cfg.checkpoint.resume == "auto" else None
         if loaded is None:
+            if self.cfg.checkpoint.resume_from:
+                self._start_from(self.cfg.checkpoint.resume_from)
             if group_rank(self.group) == 0:
                 cut_metrics_back(self.run_dir / METRICS_FILE, 0)
             return 0
@@ -154,6 +174,62 @@ class RLCheckpointing:
         self._last_saved = loaded.state.step
         return loaded.state.step
 
+    def _load_own(self) -> Loaded | None:
+        """This run's newest good checkpoint (None: nothing committed yet, a fresh start). One written
+        by another run is a ConfigError: resuming it would continue someone else's training."""
+        try:
+            return self.checkpointer.load(
+                self._specs, fallback=self.cfg.checkpoint.fallback, expect_run_id=self.identity.run_id
+            )
+        except NoCheckpoint:
+            return None
+        except ForeignCheckpoint as err:
+            raise ConfigError(self._foreign_problem(err)) from None
+
+    def _foreign_problem(self, err: ForeignCheckpoint) -> Problem:
+        root, mine = self.checkpointer.root, self.identity.run_id
+        same = fingerprint_of(err.run_id) == self.identity.fingerprint
+        why = "the same config, started at another time" if same else "another config"
+        return Problem(
+            f"{root} holds another run's checkpoints: {err.directory.name} was written by run {err.run_id} "
+            f"(fingerprint {fingerprint_of(err.run_id) or '?'}), this run is {mine} (fingerprint "
+            f"{self.identity.fingerprint}): {why}. Not resumed. Give this run its own checkpoint.dir; to "
+            f"start from that run's weights also set checkpoint.resume_from: {root}",
+            key="checkpoint.dir",
+        )
+
+    def _start_from(self, source: str) -> None:
+        """Fine-tuning start: the trainers' weights from another run's checkpoint (any run id), nothing
+        else (optimizer, data cursor and RNG stay fresh; the run starts at step 0 under its own id). A
+        trainer the checkpoint has no tensor for (a critic from a GRPO run) keeps its initialisation."""
+        skipped: set[str] = set()
+
+        def weight_specs(manifest: Manifest) -> list[ShardSpec]:
+            specs = []
+            for prefix, trainer in self.trainers.items():
+                if not any(name.startswith(prefix) for name in manifest.tensors):
+                    skipped.add(prefix)
+                    continue
+                specs += [s for s in trainer_specs(trainer, manifest, prefix) if _is_weight(s.name, prefix)]
+            return specs
+
+        try:
+            loaded = load_checkpoint(
+                source, weight_specs, group=self.group, fallback=self.cfg.checkpoint.fallback
+            )
+        except CheckpointError as err:  # none there, another model, nothing verifies
+            raise ConfigError(Problem(f"cannot start from it: {err}", key="checkpoint.resume_from")) from None
+        for prefix, trainer in self.trainers.items():
+            if prefix not in skipped:
+                load_into_trainer(trainer, loaded.tensors, prefix)
+        log.warning(
+            "started from the weights of %s (run %s, step %d)%s",
+            loaded.path,
+            loaded.state.run_id or "?",
+            loaded.state.step,
+            f"; not in it, kept fresh: {sorted(skipped)}" if skipped else "",
+        )
+
     def _specs(self, manifest: Manifest) -> list[ShardSpec]:
         """What this rank loads from a candidate (its trainers' shards, in the candidate's optimizer
         dtypes). Its data cursor is parsed here too: one this job cannot use rejects the candidate on
@@ -172,6 +248,7 @@ class RLCheckpointing:
             step=completed_steps,
             data_cursor=self.data.sampler.cursor.to_dict(),
             algorithm_state={LOSS_SCALE: loss_scales} if loss_scales else {},
+            run_id=self.identity.run_id,
             restart_count=restart_count(),
         )
         p = self.cfg.parallel
@@ -195,10 +272,10 @@ class RLCheckpointing:
             why = ", ".join(decision.reasons)
             if decision.requeue:
                 log.warning("step %d: saved (%s), stopping for requeue", step + 1, why)
-                stop_for_requeue()
+                self.lifecycle.stop_for_requeue()
             else:
-                log.warning("step %d: saved (%s), stopping: Slurm is ending the job", step + 1, why)
-                stop_for_termination()
+                log.warning("step %d: saved (%s), stopping: the job is ending", step + 1, why)
+                self.lifecycle.stop_for_termination()
         self._step_started = time.perf_counter()
         return decision.stop
 
@@ -211,6 +288,11 @@ class RLCheckpointing:
         self.checkpointer.close()
 
 
+def _is_weight(name: str, prefix: str) -> bool:
+    """A parameter tensor (or its fp32 master), not optimizer state (hpcrl.ckpt.megatron's naming)."""
+    return not name.startswith(f"{prefix}optim.") or name.startswith(f"{prefix}optim.master.")
+
+
 def run_steps(
     cfg: ExperimentConfig,
     run_dir: Path,
@@ -220,18 +302,20 @@ def run_steps(
     final: Callable[[int], dict] | None,
     start: float,
     sleep_s: float = 0.0,
+    lifecycle: Lifecycle | None = None,
 ) -> tuple[dict, Path | None]:
     """The step loop of a checkpointed job (the RL job and DPO share it): resume, `step(i)` for the
     remaining steps (each logged once, with time/elapsed_s since `start`; then a `sleep_s` pause, the
     recovery tests' knob hpcrl.rl.job.STEP_SLEEP_ENV), saves and a stop for requeue when the trigger says
     so, then `final(steps)` (e.g. the final evaluation) unless stopped; the logger and checkpointer are
     closed (save_on_exit) whatever happens. `ckpt_parts` = (trainers by prefix, the owner of the data
-    cursor). Returns (the last metrics, merged with the final ones; the reward plot or None)."""
-    ckpt = RLCheckpointing(cfg, run_dir, *ckpt_parts)
-    completed = ckpt.resume()
-    last: dict = {}
-    stopped = False
-    try:
+    cursor); `lifecycle`: the run's signals (None: an inert one). Returns (the last metrics, merged with
+    the final ones; the reward plot or None)."""
+    ckpt: RLCheckpointing | None = None
+    completed, last, stopped = 0, {}, False
+    try:  # a refused resume (another run's checkpoint) closes the logger too
+        ckpt = RLCheckpointing(cfg, run_dir, *ckpt_parts, lifecycle=lifecycle)
+        completed = ckpt.resume()
         for index in range(completed, cfg.algorithm.steps):
             metrics = step(index)
             if sleep_s:
@@ -250,5 +334,6 @@ def run_steps(
             last = {**last, **metrics}
     finally:
         plot = logger.close()
-        ckpt.close(completed)
+        if ckpt is not None:
+            ckpt.close(completed)
     return last, plot

@@ -31,6 +31,7 @@ from hpcrl.config.experiment import ExperimentConfig
 from hpcrl.data.cursor import PromptSampler
 from hpcrl.data.preference import PreferencePair
 from hpcrl.errors import ConfigError, Problem
+from hpcrl.lifecycle import Lifecycle
 from hpcrl.rl.algorithms import algorithm_problems
 from hpcrl.rl.losses import dpo_loss
 from hpcrl.rl.workers import TrainerWorker
@@ -219,7 +220,7 @@ def build_dpo_driver(cfg: ExperimentConfig) -> DPODriver:
     )
 
 
-def main(cfg: ExperimentConfig, run_dir: Path) -> dict:
+def main(cfg: ExperimentConfig, run_dir: Path, lifecycle: Lifecycle | None = None) -> dict:
     """Run offline DPO on this rank; returns the last step's metrics (with the final held-out ones).
 
     Checkpoints like the RL job (hpcrl.rl.checkpointing): the policy ("actor." shards, AdamW state), the
@@ -243,7 +244,9 @@ def main(cfg: ExperimentConfig, run_dir: Path) -> dict:
 
     final = driver.evaluate if every else None  # the final policy, logged as step `steps`
     parts = ({"actor.": driver.policy.trainer}, driver)
-    last, plot = run_steps(cfg, run_dir, parts, logger, step, final, start, step_sleep_s())
+    last, plot = run_steps(
+        cfg, run_dir, parts, logger, step, final, start, step_sleep_s(), lifecycle=lifecycle
+    )
     if rank == 0 and plot is not None:
         print(f"hpcrl: reward curve {plot}", flush=True)
     return last

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from hpcrl.ckpt.state import seed_rngs
 from hpcrl.config.experiment import ExperimentConfig
 from hpcrl.errors import ConfigError, Problem
+from hpcrl.lifecycle import Lifecycle
 from hpcrl.rl.algorithms import ALGORITHMS, algorithm_problems
 from hpcrl.rollout.engine_rule import EngineFacts
 
@@ -89,8 +90,10 @@ def enter_rank(
     return rank, world
 
 
-def main(cfg: ExperimentConfig, run_dir: Path) -> dict:
-    """Run the configured RL job on this rank; returns the last step's metrics (every rank)."""
+def main(cfg: ExperimentConfig, run_dir: Path, lifecycle: Lifecycle | None = None) -> dict:
+    """Run the configured RL job on this rank; returns the last step's metrics (every rank).
+    `lifecycle`: the wrapper's (hpcrl.launcher.element), whose signals the save trigger reads; a direct
+    call (tests) gets an inert one."""
     from hpcrl.rl.assemble import build_job
     from hpcrl.rl.checkpointing import rl_trainers, run_steps
 
@@ -101,7 +104,9 @@ def main(cfg: ExperimentConfig, run_dir: Path) -> dict:
     job = build_job(cfg, run_dir, rank, world)
     final = job.driver.final_evaluation if cfg.algorithm.eval_every else None
     parts = (rl_trainers(job.driver), job.driver)
-    last, plot = run_steps(cfg, run_dir, parts, job.logger, job.driver.step, final, start, step_sleep_s())
+    last, plot = run_steps(
+        cfg, run_dir, parts, job.logger, job.driver.step, final, start, step_sleep_s(), lifecycle=lifecycle
+    )
     if rank == 0 and plot is not None:
         print(f"hpcrl: reward curve {plot}", flush=True)
     return last

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hpcrl.ckpt.checkpointer import Checkpointer
-from hpcrl.ckpt.load import CheckpointMismatch, load_checkpoint
+from hpcrl.ckpt.load import CheckpointMismatch, ForeignCheckpoint, load_checkpoint
 from hpcrl.ckpt.manifest import CorruptCheckpoint, read_manifest
 from hpcrl.ckpt.shards import ShardSpec
 from hpcrl.ckpt.state import RunState
@@ -111,8 +111,18 @@ def test_a_flip_in_a_tensor_this_rank_does_not_read_does_not_block_its_load(two_
 
 
 def test_a_manifest_of_another_run_is_refused_when_the_run_id_is_expected(two_steps):
-    with pytest.raises(CorruptCheckpoint, match="written by run 'run-a', expected 'run-z'"):
-        load_checkpoint(two_steps, _specs(), expect_run_id="run-z")
+    """Not a damaged checkpoint: no fallback to an older one, nothing set aside (they are another run's)."""
+    before = _tree_digest(two_steps)
+    with pytest.raises(ForeignCheckpoint, match="written by run 'run-a', expected 'run-z'") as err:
+        load_checkpoint(two_steps, _specs(), expect_run_id="run-z", fallback=True, set_aside_rejected=True)
+    assert err.value.run_id == "run-a" and err.value.directory.name == "step_00000002"
+    assert _tree_digest(two_steps) == before
+
+
+def test_a_checkpoint_without_a_run_id_predates_run_ids_and_is_accepted(tmp_path):
+    ck = Checkpointer(tmp_path, keep_last=2)
+    ck.save(1, rank_shards(global_tensors(1), 0, 1, 1), RunState(step=1))
+    assert load_checkpoint(tmp_path, _specs(), expect_run_id="run-z").state.step == 1
 
 
 def test_failed_mismatched_load_modifies_nothing_and_does_not_fall_back(two_steps):

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from hpcrl.ckpt.trigger import SaveTrigger, parse_slurm_duration
 from hpcrl.dist.spawn import run_ranks
+from hpcrl.lifecycle import Lifecycle
 from tests.ckpt._rank_fns import trigger_agreement
 
 
@@ -30,17 +31,35 @@ def test_unlimited_and_garbage():
 
 
 def test_a_real_sigusr1_requests_save_and_stop_at_the_next_boundary():
-    trigger = SaveTrigger(every_steps=0)
+    """The run's lifecycle owns the handler; the trigger reads it at the step boundary."""
+    lifecycle = Lifecycle()
+    trigger = SaveTrigger(every_steps=0, signals=lifecycle)
     previous = signal.getsignal(signal.SIGUSR1)
     try:
-        trigger.install_signal_handler(signal.SIGUSR1)
-        assert not trigger.decide(1, None).save
-        os.kill(os.getpid(), signal.SIGUSR1)
-        decision = trigger.decide(2, None)
-        assert decision.save and decision.stop and decision.reasons == ("requested",)
-        assert not trigger.decide(3, None).save  # the request is consumed
+        with lifecycle.installed():
+            assert not trigger.decide(1, None).save
+            os.kill(os.getpid(), signal.SIGUSR1)
+            decision = trigger.decide(2, None)
+            assert decision.save and decision.stop and decision.requeue
+            assert decision.reasons == ("requested",)
+            assert not trigger.decide(3, None).save  # the request is consumed
+        assert signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN  # a late warning cannot kill the process
     finally:
         signal.signal(signal.SIGUSR1, previous)
+
+
+def test_a_real_sigint_saves_and_stops_without_a_requeue_and_a_second_one_interrupts():
+    lifecycle = Lifecycle()
+    trigger = SaveTrigger(every_steps=0, signals=lifecycle)
+    previous = signal.getsignal(signal.SIGINT)
+    with lifecycle.installed():
+        os.kill(os.getpid(), signal.SIGINT)
+        decision = trigger.decide(5, None)
+        assert decision.save and decision.stop and not decision.requeue
+        assert decision.reasons == ("terminating",) and lifecycle.interrupted_by == signal.SIGINT
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is previous  # given back after the run
 
 
 def test_time_limit_rule_uses_the_slowest_step_and_save():

@@ -1,12 +1,12 @@
-"""Cheap pieces of the recovery path: metrics cut back on resume, and the requeue hook's bookkeeping."""
+"""Cheap pieces of the recovery path: metrics cut back on resume, and the lifecycle's signal bookkeeping."""
 
 from __future__ import annotations
 
 import json
+import signal
 
-import pytest
-
-from hpcrl.launcher import element
+from hpcrl.ckpt.trigger import SaveTrigger
+from hpcrl.lifecycle import REQUEUE_SIGNAL, TERMINATE_SIGNAL, Lifecycle
 from hpcrl.rl.checkpointing import cut_metrics_back
 
 
@@ -24,29 +24,36 @@ def test_metrics_are_cut_back_in_place_under_an_open_append_handle(tmp_path):
     assert cut_metrics_back(tmp_path / "absent.jsonl", 3) == 0
 
 
-@pytest.fixture
-def clean_requeue_state(monkeypatch):
-    monkeypatch.setattr(element, "_requeue_callbacks", [])
-    monkeypatch.setattr(element, "_terminate_callbacks", [])
-    monkeypatch.setattr(element, "_flags", {k: False for k in element._flags})
+class _Submitit:
+    """Stands in for submitit's signal handler: requeues are left."""
+
+    def has_timed_out(self) -> bool:
+        return False
+
+    def handler(self, signum, frame) -> None:  # pragma: no cover - never called here
+        raise AssertionError("submitit's own handler must not run on a relayed signal")
 
 
-def test_a_signal_before_registration_reaches_the_callback_and_unregister_stops_it(clean_requeue_state):
-    calls = []
-    element._flags["signalled"] = True  # USR2 came while the entrypoint was still starting
-    unregister = element.on_requeue(lambda: calls.append("request"))
-    assert calls == ["request"]
-    unregister()
-    unregister()  # idempotent
-    assert element._requeue_callbacks == []
+def test_a_signal_before_the_trigger_looks_is_kept_until_it_does_and_is_consumed():
+    lifecycle = Lifecycle(submitit_handler=_Submitit().handler)
+    lifecycle._on_requeue(REQUEUE_SIGNAL, None)  # USR2 came while the entrypoint was still starting
+    trigger = SaveTrigger(every_steps=0, signals=lifecycle)
+    decision = trigger.decide(1, None)
+    assert decision.stop and decision.requeue and decision.reasons == ("requested",)
+    assert not trigger.decide(2, None).save  # consumed
 
 
-def test_sigterm_reaches_terminate_callbacks_and_a_late_registration_too(clean_requeue_state):
-    calls = []
-    unregister = element.on_terminate(lambda: calls.append("first"))
-    element._on_sigterm(element.TERMINATE_SIGNAL, None)
-    assert calls == ["first"] and element._flags["terminating"]
-    element.on_terminate(lambda: calls.append("late"))  # registered after the signal: told at once
-    assert calls == ["first", "late"]
-    unregister()
-    assert len(element._terminate_callbacks) == 1
+def test_sigterm_under_submitit_saves_and_stops_without_a_requeue_of_ours():
+    lifecycle = Lifecycle(submitit_handler=_Submitit().handler)
+    lifecycle._on_terminate(TERMINATE_SIGNAL, None)
+    trigger = SaveTrigger(every_steps=0, signals=lifecycle)
+    for step in (3, 4):  # terminating is a state, not a one-off request
+        decision = trigger.decide(step, None)
+        assert decision.save and decision.stop and not decision.requeue
+
+
+def test_the_lifecycle_takes_usr2_and_term_only_under_submitit():
+    """Locally nobody sends USR2, and a local SIGTERM (`hpcrl cancel`) must end the rank at once."""
+    before = {sig: signal.getsignal(sig) for sig in (REQUEUE_SIGNAL, TERMINATE_SIGNAL)}
+    with Lifecycle().installed():
+        assert {sig: signal.getsignal(sig) for sig in before} == before

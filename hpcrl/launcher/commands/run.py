@@ -1,7 +1,10 @@
 """`hpcrl run TEMPLATE [--index N] [overrides]`: run one resolved config here, in the foreground.
 
 Prints the run directory first. A 1-rank element runs in this process; an N-rank element runs as N
-local processes (torchrun-style environment). This is the main-job command of the README.
+local processes (torchrun-style environment) supervised as one job (hpcrl.launcher.ranks). Exit codes:
+0; 1 a failure of the in-process rank; 2 a config error (also: the run is locked by another writer);
+3 (RANK_DIED_EXIT) a rank of an N-rank run died, named on stderr; 128 + N when stopped by signal N
+(130 for Ctrl-C). This is the main-job command of the README.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ def main(args) -> int:
     from hpcrl.config.resolve import resolve
     from hpcrl.launcher import local, sweeps
     from hpcrl.launcher.element import run_element
+    from hpcrl.lifecycle import Lifecycle
 
     sweep = resolve(args.template, overrides_from(args))
     if print_config_if_asked(args, sweep):
@@ -45,6 +49,7 @@ def main(args) -> int:
     world = cluster.nodes * cluster.tasks_per_node
     if world == 1:
         os.environ.update(cluster.env)
-        run_element(config_path, element.run_dir)
-        return 0
-    return local.run_local(config_path, element.run_dir, world, cluster.env)
+        lifecycle = Lifecycle.for_this_process()
+        run_element(config_path, element.run_dir, lifecycle)
+        return 128 + lifecycle.interrupted_by if lifecycle.interrupted_by else 0  # Ctrl-C: saved, stopped
+    return local.run_local(config_path, element.run_dir, world, cluster.env, grace_s=cluster.stop_grace_s)

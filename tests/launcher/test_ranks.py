@@ -1,0 +1,145 @@
+"""The ranks of a local `hpcrl run` are supervised as one job (hpcrl.launcher.ranks): Ctrl-C reaches
+every rank and none outlives the launcher (not even a SIGKILLed one); a dead rank is named, with its
+host and signal, and the exit code says "a rank died"."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpcrl.launcher.ranks import RANK_DIED_EXIT, RankEnd
+from hpcrl.rl.job import STEP_SLEEP_ENV
+
+REPO = Path(__file__).resolve().parents[2]
+TWO_RANKS = ("--parallel.data", "2", "--cluster.tasks_per_node", "2", "--cluster.stop_grace_s", "8")
+
+
+def _start(template: Path, run_root: Path, env: dict[str, str], log: Path, *extra: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "hpcrl", "run", str(template), "--run_root", str(run_root), *TWO_RANKS]
+    cmd += ["--cluster.env", json.dumps({"OMP_NUM_THREADS": "1", **env}), *extra]
+    with log.open("ab") as out:
+        return subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+
+
+def _grpo(tmp_path: Path) -> subprocess.Popen:
+    """The real RL job on 2 ranks, slowed down by the step-sleep knob (no CPU cost)."""
+    quiet = ("--logging.tensorboard", "false", "--logging.progress", "false", "--logging.plot", "false")
+    return _start(
+        REPO / "templates" / "grpo_tiny.yaml",
+        tmp_path / "runs",
+        {STEP_SLEEP_ENV: "0.5"},
+        tmp_path / "run.log",
+        "--algorithm.steps",
+        "200",
+        "--algorithm.eval_every",
+        "0",
+        *quiet,
+    )
+
+
+def _probe(tmp_path: Path) -> subprocess.Popen:
+    """The probe entrypoint on 2 ranks, sleeping after its collectives (it never stops on its own)."""
+    template = tmp_path / "probe.yaml"
+    template.write_text("entrypoint: hpcrl.launcher.probe:main\nname: probe\n")
+    return _start(template, tmp_path / "runs", {"HPCRL_PROBE_SLEEP_S": "600"}, tmp_path / "run.log")
+
+
+def _ranks_of(launcher: subprocess.Popen) -> list[int]:
+    """The launcher's child processes (its ranks), rank 0 first."""
+    children = Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children")
+    try:
+        return sorted(int(pid) for pid in children.read_text().split())
+    except FileNotFoundError:
+        return []
+
+
+def _wait_for(condition, timeout_s: float, what: str, log: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}: {log.read_text()[-3000:]}"
+        time.sleep(0.05)
+
+
+def _running_with_two_ranks(launcher: subprocess.Popen, tmp_path: Path, logged_a_step: bool) -> list[int]:
+    """Wait until both ranks run (rank 0 wrote launcher.json after the group formed, and with
+    `logged_a_step` the job logged a metrics row); returns the ranks' pids."""
+    log = tmp_path / "run.log"
+
+    def ready() -> bool:
+        assert launcher.poll() is None, log.read_text()[-3000:]
+        states = list((tmp_path / "runs").glob("*/*/launcher.json"))
+        if not states or json.loads(states[0].read_text()).get("state") != "RUNNING":
+            return False
+        metrics = states[0].parent / "metrics.jsonl"
+        return not logged_a_step or (metrics.exists() and metrics.read_text().count("\n") >= 1)
+
+    _wait_for(ready, 300, "two running ranks", log)
+    pids = _ranks_of(launcher)
+    assert len(pids) == 2, pids
+    return pids
+
+
+def _all_gone(pids: list[int], timeout_s: float, log: Path) -> None:
+    _wait_for(lambda: not any(_alive(pid) for pid in pids), timeout_s, f"ranks {pids} to end", log)
+
+
+def _alive(pid: int) -> bool:
+    """Alive and not a zombie (a zombie is dead; only its parent's wait is missing)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
+def test_a_rank_end_names_the_rank_its_host_and_how_it_ended():
+    assert RankEnd(1, 2, 42, "node7", -signal.SIGKILL).describe() == (
+        "rank 1 of 2 (pid 42, host node7) was killed by SIGKILL"
+    )
+    assert RankEnd(0, 2, 41, "node7", 1, "RuntimeError: boom").describe() == (
+        "rank 0 of 2 (pid 41, host node7) exited with code 1: RuntimeError: boom"
+    )
+
+
+@pytest.mark.slow
+def test_ctrl_c_of_hpcrl_run_stops_both_ranks(tmp_path):
+    launcher = _grpo(tmp_path)
+    pids = _running_with_two_ranks(launcher, tmp_path, logged_a_step=True)
+    started = time.monotonic()
+    launcher.send_signal(signal.SIGINT)
+    _all_gone(pids, 10, tmp_path / "run.log")
+    took = time.monotonic() - started
+    assert launcher.wait(timeout=30) == 128 + signal.SIGINT
+    log = (tmp_path / "run.log").read_text()
+    assert "hpcrl: SIGINT: stopping the ranks" in log
+    print(f"both ranks ended {took:.1f}s after Ctrl-C")
+
+
+@pytest.mark.slow
+def test_sigkill_of_rank_0_is_reported_as_that_rank_and_the_exit_code_says_a_rank_died(tmp_path):
+    """Before: exit code 247 (-9 of rank 0 passed on as is) and only rank 1's gloo 'Connection reset by
+    peer' on the terminal."""
+    launcher = _grpo(tmp_path)
+    pids = _running_with_two_ranks(launcher, tmp_path, logged_a_step=True)
+    os.kill(pids[0], signal.SIGKILL)
+    assert launcher.wait(timeout=60) == RANK_DIED_EXIT
+    _all_gone(pids, 10, tmp_path / "run.log")
+    reports = [line for line in (tmp_path / "run.log").read_text().splitlines() if line.startswith("hpcrl: ")]
+    died = [line for line in reports if "rank " in line and " of 2 (pid " in line]
+    assert died[0].startswith(f"hpcrl: rank 0 of 2 (pid {pids[0]}, host ") and died[0].endswith("SIGKILL"), (
+        reports
+    )
+
+
+def test_sigkill_of_the_launcher_takes_its_ranks_with_it(tmp_path):
+    launcher = _probe(tmp_path)
+    pids = _running_with_two_ranks(launcher, tmp_path, logged_a_step=False)
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait(timeout=30)
+    _all_gone(pids, 10, tmp_path / "run.log")
