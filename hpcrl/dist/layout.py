@@ -332,12 +332,13 @@ def create_groups(layout: ParallelLayout, timeout_s: float | None = None) -> dic
     """
     import torch.distributed as dist
 
+    from hpcrl.dist.groups import new_group  # torch.distributed: this module stays importable without it
+
     me = dist.get_rank()
-    kwargs = {"timeout": timedelta(seconds=timeout_s)} if timeout_s else {}
     mine: dict[str, Any] = {}
     for family, groups in layout.all_groups().items():
         for ranks in groups:
-            group = dist.new_group(ranks, **kwargs)
+            group = new_group(ranks, timeout_s)
             if me in ranks:
                 mine[family] = group
     return mine

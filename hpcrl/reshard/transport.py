@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any, Protocol
 
 import torch
@@ -132,15 +131,16 @@ def make_groups(
     """
     import torch.distributed as dist
 
+    from hpcrl.dist.groups import new_group
+
     cache = {} if cache is None else cache
-    kwargs = {"timeout": timedelta(seconds=timeout_s)} if timeout_s else {}
     me = dist.get_rank()
     mine: dict[str, Group] = {}
     for family in families:
         for ranks in layout.all_groups()[family]:
             key = tuple(ranks)
             if len(key) > 1 and key not in cache:
-                cache[key] = dist.new_group(list(key), **kwargs)
+                cache[key] = new_group(key, timeout_s)
             if me in key:
                 mine[family] = Group(family, key, cache.get(key))
     return mine

@@ -29,12 +29,12 @@ import glob
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from hpcrl.dist.groups import new_group
 from hpcrl.dist.layout import ParallelLayout
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.train import hf_convert, megatron_compat
@@ -127,11 +127,10 @@ def build_train_groups(
     layout = ParallelLayout(tensor=tensor, pipeline=pipeline, data=data)
     me = dist.get_rank()
     mine: dict[str, dist.ProcessGroup | None] = {"embd": None}
-    kwargs = {"timeout": timedelta(seconds=timeout_s)} if timeout_s else {}
 
     def make(name: str, block_ranks: list[int]) -> None:
         ranks = [rank_offset + r for r in block_ranks]
-        group = dist.new_group(ranks, **kwargs)  # every rank must take part in every new_group call
+        group = new_group(ranks, timeout_s)  # every rank must take part in every new_group call
         if me in ranks:
             mine[name] = group
 
@@ -180,7 +179,6 @@ def build_generation_groups(layout: ParallelLayout, *, timeout_s: float | None =
     `mp` the t_g·p_g ranks of one generation replica.
     """
     me = dist.get_rank()
-    kwargs = {"timeout": timedelta(seconds=timeout_s)} if timeout_s else {}
     families = {
         "tp": layout.rollout_tensor_groups(),
         "pp": layout.rollout_pipeline_groups(),
@@ -191,7 +189,7 @@ def build_generation_groups(layout: ParallelLayout, *, timeout_s: float | None =
     mine: dict[str, dist.ProcessGroup] = {}
     for name, groups in families.items():
         for ranks in groups:
-            group = dist.new_group(ranks, **kwargs)  # every rank takes part in every new_group call
+            group = new_group(ranks, timeout_s)  # every rank takes part in every new_group call
             if me in ranks:
                 mine[name] = group
     if me >= layout.world_size:

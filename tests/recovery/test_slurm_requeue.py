@@ -194,7 +194,7 @@ def test_scontrol_requeue_of_a_running_two_node_element_resumes_it(slurm_cluster
     # Slurm's SIGTERM (KillWait=5 s before SIGKILL) reached both ranks; they saved at the next step
     # boundary and stopped without a requeue of their own: the restart lost no step that was logged
     assert "SIGTERM: Slurm is ending the job" in slurm_log(sweep_dir, rank=1), slurm_log(sweep_dir, 1)[-3000:]
-    assert "stopping: Slurm is ending the job" in log, log[-3000:]
+    assert "stopping: the job is ending" in log, log[-3000:]
     assert logged_before <= resumed_at < 20, (logged_before, resumed_at)
     assert reference.wait(timeout=120) == 0
     final = assert_same_as_straight_run(run_dir, tmp_path / "ref", steps=20)
