@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from jsonargparse import ArgumentParser, Namespace
 
 from hpcrl import __version__
-from hpcrl.errors import ClusterError, ConfigError
+from hpcrl.errors import MESSAGE_CHARS, PROBLEMS_SHOWN, ClusterError, ConfigError, cut
 
 # subcommand -> module implementing it (see module docstring for the protocol)
 COMMANDS: dict[str, str] = {
@@ -53,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _print_problems(err)
         return 2
     except Exception as err:  # jsonargparse raises ArgumentError/TypeError-likes on bad usage
-        print(f"hpcrl: error: {err}", file=sys.stderr)
+        print(f"hpcrl: error: {cut(str(err), MESSAGE_CHARS)}", file=sys.stderr)
         return 2
     module = importlib.import_module(COMMANDS[args.command])
     try:
@@ -67,9 +67,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _print_problems(err: ConfigError) -> None:
+    """Every problem up to PROBLEMS_SHOWN (each bounded by Problem itself), then how many more."""
     print(f"hpcrl: {len(err.problems)} problem(s):", file=sys.stderr)
-    for problem in err.problems:
+    for problem in err.problems[:PROBLEMS_SHOWN]:
         print(f"  - {problem}", file=sys.stderr)
+    if len(err.problems) > PROBLEMS_SHOWN:
+        print(f"  ... and {len(err.problems) - PROBLEMS_SHOWN} more", file=sys.stderr)
 
 
 if __name__ == "__main__":

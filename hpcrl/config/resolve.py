@@ -3,7 +3,8 @@
 Precedence, lowest first: dataclass defaults < cluster profile (for `cluster:`) < template chain <
 command-line overrides < the element's sweep values. Overriding a swept key on the command line is an
 error (the sweep would collapse into copies). Everything is checked before anything is returned, and
-ALL problems are raised together as one ConfigError (exit 2).
+ALL problems are raised together as one ConfigError (exit 2). Where profiles may come from and what
+only they may set: hpcrl.launcher.profiles. Every string of every element: hpcrl.config.text_rules.
 
 Config id: the first 10 hex digits of sha256 over the canonical JSON of the resolved config, so the
 same experiment always gets the same id (and run directory), whatever template produced it.
@@ -19,14 +20,17 @@ from typing import Any
 
 from hpcrl.config.experiment import ExperimentConfig
 from hpcrl.config.rules import check_rules
-from hpcrl.config.schema import build, check_tree, deep_merge, leaf_types, to_dict
+from hpcrl.config.schema import build, check_tree, deep_merge, flatten, leaf_types, to_dict
 from hpcrl.config.sweep import SweepPlan, check_sweep
 from hpcrl.config.template import Template, load_template
+from hpcrl.config.text_rules import string_problems
 from hpcrl.config.yaml_io import canonical_json
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.launcher.config import ClusterConfig
+from hpcrl.launcher.profiles import find_profile, is_path, load_profile, reference_problem, setup_problems
 
 COMMAND_LINE = "command line"
+PROFILE_KEY = "cluster.profile"
 ID_LENGTH = 10
 
 
@@ -71,6 +75,7 @@ def resolve(template_path: str | Path, overrides: dict[str, Any] | None = None) 
         values = with_values(values, {key: value})
         template.origins[key] = COMMAND_LINE
     base, problems = check_tree(values, ExperimentConfig, template.origin_of)
+    problems += setup_problems(values.get("cluster"), template.origin_of)
     plan, sweep_problems = check_sweep(
         template.sweep,
         template.sweep_file,
@@ -78,9 +83,10 @@ def resolve(template_path: str | Path, overrides: dict[str, Any] | None = None) 
         lambda key: "it is set on the command line" if key in overrides else None,
     )
     problems += sweep_problems
-    profiles = _ProfileCache(Path(template_path).parent)
-    elements, rule_problems = _expand(base, plan, template, profiles)
-    problems += profiles.problems + rule_problems
+    profile, profile_problems = _profile(base, template, from_command_line=PROFILE_KEY in overrides)
+    problems += profile_problems
+    elements, rule_problems = _expand(base, plan, template, profile)
+    problems += rule_problems
     if problems:
         raise ConfigError(_dedupe(problems))
     return Sweep(
@@ -92,19 +98,17 @@ def resolve(template_path: str | Path, overrides: dict[str, Any] | None = None) 
 
 
 def _expand(
-    base: dict[str, Any], plan: SweepPlan, template: Template, profiles: _ProfileCache
+    base: dict[str, Any], plan: SweepPlan, template: Template, profile: dict[str, Any]
 ) -> tuple[list[ResolvedConfig], list[Problem]]:
     elements: list[ResolvedConfig] = []
     failures: dict[tuple[str, str], list[int]] = defaultdict(list)
     for index, assignment in enumerate(plan.assignments()):
         data = with_values(base, assignment)
-        cluster = data.get("cluster", {})
-        profile = profiles.get(cluster.get("profile"))
         if profile:
-            data["cluster"] = deep_merge(profile, cluster)
+            data["cluster"] = deep_merge(profile, data.get("cluster", {}))
         cfg = build(ExperimentConfig, data)
         plain = to_dict(cfg)
-        for key, message in check_rules(cfg):
+        for key, message in element_problems(cfg, plain):
             failures[(key, message)].append(index)
         elements.append(ResolvedConfig(index, config_id(plain), cfg, plain, assignment))
     problems = []
@@ -118,32 +122,40 @@ def _expand(
     return elements, problems
 
 
-class _ProfileCache:
-    """Checked cluster profiles by name; problems are collected once per profile."""
+def element_problems(cfg: ExperimentConfig, plain: dict[str, Any] | None = None) -> list[tuple[str, str]]:
+    """Every rule one resolved config must pass, as (dotted key, message): the cross-field rules and the
+    text rule of every string. Run on each element here and on each config `hpcrl resume` submits again
+    (its config.yaml may have been edited since)."""
+    return [*check_rules(cfg), *string_problems(to_dict(cfg) if plain is None else plain)]
 
-    def __init__(self, template_dir: Path):
-        self.template_dir = template_dir
-        self.cache: dict[str, dict[str, Any]] = {}
-        self.problems: list[Problem] = []
 
-    def get(self, name: str | None) -> dict[str, Any]:
-        if name is None:
-            return {}
-        if name not in self.cache:
-            from hpcrl.launcher.profiles import find_profile, load_profile
+def _profile(
+    base: dict[str, Any], template: Template, from_command_line: bool
+) -> tuple[dict[str, Any], list[Problem]]:
+    """The checked `cluster:` defaults of the profile that `cluster.profile` selects ({} for none).
 
-            try:
-                path = find_profile(name, self.template_dir)
-                raw = load_profile(path)
-            except ConfigError as err:
-                self.problems += err.problems
-                self.cache[name] = {}
-                return {}
-            raw.pop("profile", None)
-            checked, problems = check_tree(raw, ClusterConfig, lambda _k: str(path), prefix="cluster.")
-            self.problems += problems
-            self.cache[name] = checked
-        return self.cache[name]
+    One per sweep (cluster.profile cannot be swept). The profile's keys are recorded as coming from its
+    file, so a problem with one of its values names the profile, not the template. When it was chosen
+    by file, `cluster.profile` records the absolute path that was read."""
+    reference = base.get("cluster", {}).get(PROFILE_KEY.partition(".")[2])
+    if reference is None:
+        return {}, []
+    where = template.origin_of(PROFILE_KEY)
+    problem = reference_problem(reference, from_command_line)
+    if problem:
+        return {}, [Problem(problem, where, PROFILE_KEY)]
+    try:
+        path = find_profile(reference, from_command_line)
+        raw = load_profile(path)
+    except ConfigError as err:
+        return {}, [Problem(p.message, p.file or where, p.key) for p in err.problems]
+    raw.pop("profile", None)
+    checked, problems = check_tree(raw, ClusterConfig, lambda _k: str(path), prefix="cluster.")
+    for key in flatten(checked, "cluster."):
+        template.origins.setdefault(key, str(path))
+    if is_path(reference):
+        base["cluster"] = {**base["cluster"], "profile": str(path)}
+    return checked, problems
 
 
 def with_values(base: dict[str, Any], assignment: dict[str, Any]) -> dict[str, Any]:

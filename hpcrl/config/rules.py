@@ -9,12 +9,15 @@ from __future__ import annotations
 import re
 
 from hpcrl.config.experiment import ExperimentConfig
+from hpcrl.errors import short
 from hpcrl.launcher.sbatch import check_cluster
 from hpcrl.rl.algorithms import algorithm_problems
 
 _ENTRYPOINT = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_]\w*")
 _PATH_PART = re.compile(r"[\w.+-]+")
 _GRES_GPUS = re.compile(r"(?:^|,)gpu(?::[^:,]+)?:(\d+)")
+MAX_NAME_CHARS = 128
+"""Longest experiment name in characters; it must also fit a directory name (255 bytes of UTF-8)."""
 
 
 def gpus_per_node(cfg: ExperimentConfig) -> int:
@@ -93,10 +96,8 @@ def check_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
             )
     out += _model_rules(cfg) + _sampling_rules(cfg) + _algorithm_rules(cfg)
     if not _ENTRYPOINT.fullmatch(cfg.entrypoint):
-        out.append(("entrypoint", f"expected 'package.module:function', got {cfg.entrypoint!r}"))
-    if not _PATH_PART.fullmatch(cfg.name) or cfg.name in (".", ".."):
-        out.append(("name", f"{cfg.name!r} must be usable as a directory name (letters, digits, _ . + -)"))
-    out += _required_rules(cfg)
+        out.append(("entrypoint", f"expected 'package.module:function', got {short(cfg.entrypoint)}"))
+    out += _name_rules(cfg.name) + _required_rules(cfg)
     return out + check_cluster(cfg.cluster)
 
 
@@ -146,6 +147,17 @@ def _algorithm_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
         (p.key or "algorithm", p.message)
         for p in algorithm_problems(cfg.algorithm, r.samples_per_prompt, r.max_new_tokens)
     ]
+
+
+def _name_rules(name: str) -> list[tuple[str, str]]:
+    """`name` is one directory name (run and sweep directories live under <run_root>/<name>/), and the
+    job name of its array jobs; bounded so that mkdir never fails on its length."""
+    if len(name) > MAX_NAME_CHARS or len(name.encode("utf-8", "surrogatepass")) > 255:
+        limit = f"the limit is {MAX_NAME_CHARS} characters and 255 bytes of UTF-8"
+        return [("name", f"{short(name)} is {len(name):,} characters long; {limit}")]
+    if not _PATH_PART.fullmatch(name) or name in (".", ".."):
+        return [("name", f"{short(name)} must be usable as a directory name (letters, digits, _ . + -)")]
+    return []
 
 
 def _required_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:

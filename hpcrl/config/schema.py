@@ -16,7 +16,7 @@ import types
 import typing
 from typing import Any, Literal, Union
 
-from hpcrl.errors import Problem
+from hpcrl.errors import Problem, short
 
 _NO_VALUE = object()
 
@@ -70,7 +70,7 @@ def check_value(value: Any, hint: Any) -> Any:
     if origin is Literal:
         if value in args and not (isinstance(value, bool) and not any(isinstance(a, bool) for a in args)):
             return value
-        raise TypeMismatch(f"expected {describe(hint)}, got {value!r}")
+        raise TypeMismatch(f"expected {describe(hint)}, got {short(value)}")
     if origin in (Union, types.UnionType):
         if value is None and type(None) in args:
             return None
@@ -81,24 +81,26 @@ def check_value(value: Any, hint: Any) -> Any:
                 return check_value(value, arg)
             except TypeMismatch:
                 continue
-        raise TypeMismatch(f"expected {describe(hint)}, got {value!r} ({type(value).__name__})")
+        raise TypeMismatch(f"expected {describe(hint)}, got {short(value)} ({type(value).__name__})")
     if origin is dict:
         key_t, val_t = args or (Any, Any)
         if not isinstance(value, dict):
-            raise TypeMismatch(f"expected a mapping ({describe(hint)}), got {value!r}")
+            raise TypeMismatch(f"expected a mapping ({describe(hint)}), got {short(value)}")
         return {check_value(k, key_t): check_value(v, val_t) for k, v in value.items()}
     if origin is list:
         (item_t,) = args or (Any,)
         if not isinstance(value, (list, tuple)):
-            raise TypeMismatch(f"expected a list ({describe(hint)}), got {value!r}")
+            raise TypeMismatch(f"expected a list ({describe(hint)}), got {short(value)}")
         return [check_value(v, item_t) for v in value]
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
-            raise TypeMismatch(f"expected a list of {len(args)} ({describe(hint)}), got {value!r}")
+            raise TypeMismatch(f"expected a list of {len(args)} ({describe(hint)}), got {short(value)}")
         if len(args) == 2 and args[1] is Ellipsis:
             return tuple(check_value(v, args[0]) for v in value)
         if len(value) != len(args):
-            raise TypeMismatch(f"expected {len(args)} items ({describe(hint)}), got {len(value)}: {value!r}")
+            raise TypeMismatch(
+                f"expected {len(args)} items ({describe(hint)}), got {len(value)}: {short(value)}"
+            )
         return tuple(check_value(v, a) for v, a in zip(value, args, strict=True))
     return _check_scalar(value, hint)
 
@@ -123,7 +125,7 @@ def _check_scalar(value: Any, hint: Any) -> Any:
             return value
     elif isinstance(value, hint):
         return value
-    raise TypeMismatch(f"expected {describe(hint)}, got {value!r} ({type(value).__name__})")
+    raise TypeMismatch(f"expected {describe(hint)}, got {short(value)} ({type(value).__name__})")
 
 
 def suggest(key: str, valid: list[str]) -> str:
@@ -144,7 +146,9 @@ def check_tree(
     if not isinstance(data, dict):
         problems.append(
             Problem(
-                f"expected a mapping of {cls.__name__} fields, got {data!r}", origin_of(where or ""), where
+                f"expected a mapping of {cls.__name__} fields, got {short(data)}",
+                origin_of(where or ""),
+                where,
             )
         )
         return {}, problems

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpcrl.config.schema import TypeMismatch, check_value, suggest
-from hpcrl.errors import Problem
+from hpcrl.errors import Problem, short
 
 SECTIONS = ("grid", "zip", "list")
 
@@ -31,10 +31,14 @@ SWEEP_LEVEL_KEYS = {
     "cluster.executor": "the executor is chosen once per sweep",
     "cluster.array_parallelism": "array parallelism belongs to the whole array job",
     "cluster.max_requeues": "the requeue limit belongs to the whole array job",
+    "cluster.profile": "a profile brings trusted shell setup: one per sweep, from the template or the "
+    "command line",
     "cluster.setup": "shell setup lines come from cluster profiles, never from sweep values",
     "cluster.modules": "module names are shell input; set them in the template or profile, not per element",
 }
 """Keys that may not vary across a sweep, and why."""
+MAX_ELEMENTS = 100_000
+"""Largest sweep: beyond this, expanding it alone takes minutes (a few grid axes multiply fast)."""
 
 
 @dataclass(frozen=True)
@@ -90,7 +94,7 @@ def check_sweep(
         return EMPTY_PLAN, problems
     if not isinstance(sweep, dict):
         return EMPTY_PLAN, [
-            Problem(f"expected a mapping with {list(SECTIONS)}, got {sweep!r}", file, "sweep")
+            Problem(f"expected a mapping with {list(SECTIONS)}, got {short(sweep)}", file, "sweep")
         ]
     for section in sweep:
         if section not in SECTIONS:
@@ -104,11 +108,11 @@ def check_sweep(
     def check_axis_key(key: Any, where: str) -> bool:
         if not isinstance(key, str) or key not in leaf_types:
             hint = suggest(str(key), list(leaf_types))
-            problems.append(Problem(f"bad sweep axis: {key!r} is not a config key{hint}", file, where))
+            problems.append(Problem(f"bad sweep axis: {short(key)} is not a config key{hint}", file, where))
             return False
         reason = SWEEP_LEVEL_KEYS.get(key) or locked(key)
         if reason:
-            problems.append(Problem(f"bad sweep axis: {key!r} cannot be swept ({reason})", file, where))
+            problems.append(Problem(f"bad sweep axis: {short(key)} cannot be swept ({reason})", file, where))
             return False
         return True
 
@@ -125,7 +129,9 @@ def check_sweep(
         axes = sweep.get(section) or {}
         if not isinstance(axes, dict):
             problems.append(
-                Problem(f"expected a mapping of dotted key -> list, got {axes!r}", file, f"sweep.{section}")
+                Problem(
+                    f"expected a mapping of dotted key -> list, got {short(axes)}", file, f"sweep.{section}"
+                )
             )
             return {}
         out: dict[str, list[Any]] = {}
@@ -135,12 +141,14 @@ def check_sweep(
                 continue
             if key in owner:
                 problems.append(
-                    Problem(f"bad sweep axis: {key!r} is already swept in {owner[key]}", file, where)
+                    Problem(f"bad sweep axis: {short(key)} is already swept in {owner[key]}", file, where)
                 )
                 continue
             owner[key] = f"sweep.{section}"
             if not isinstance(values, list) or not values:
-                problems.append(Problem(f"expected a non-empty list of values, got {values!r}", file, where))
+                problems.append(
+                    Problem(f"expected a non-empty list of values, got {short(values)}", file, where)
+                )
                 continue
             out[key] = check_values(key, values, where)
         return out
@@ -154,7 +162,13 @@ def check_sweep(
         detail = ", ".join(f"{k}={n}" for k, n in lengths.items())
         problems.append(Problem(f"zip axes have unequal lengths ({detail})", file, "sweep.zip"))
     points = _check_points(sweep.get("list"), file, owner, check_axis_key, check_values, problems)
-    return SweepPlan(grid=grid, zip=zipped, points=points), problems
+    plan = SweepPlan(grid=grid, zip=zipped, points=points)
+    if len(plan) > MAX_ELEMENTS:
+        problems.append(
+            Problem(f"{len(plan):,} elements; a sweep has at most {MAX_ELEMENTS:,}", file, "sweep")
+        )
+        return EMPTY_PLAN, problems
+    return plan, problems
 
 
 def _check_points(
@@ -169,14 +183,16 @@ def _check_points(
         return []
     if not isinstance(entries, list) or not entries:
         problems.append(
-            Problem(f"expected a non-empty list of mappings, got {entries!r}", file, "sweep.list")
+            Problem(f"expected a non-empty list of mappings, got {short(entries)}", file, "sweep.list")
         )
         return []
     points = []
     for i, entry in enumerate(entries):
         where = f"sweep.list[{i}]"
         if not isinstance(entry, dict):
-            problems.append(Problem(f"expected a mapping of dotted key -> value, got {entry!r}", file, where))
+            problems.append(
+                Problem(f"expected a mapping of dotted key -> value, got {short(entry)}", file, where)
+            )
             continue
         point = {}
         for key, value in entry.items():
@@ -185,7 +201,9 @@ def _check_points(
             if owner.get(key, "sweep.list") != "sweep.list":
                 problems.append(
                     Problem(
-                        f"bad sweep axis: {key!r} is already swept in {owner[key]}", file, f"{where}.{key}"
+                        f"bad sweep axis: {short(key)} is already swept in {owner[key]}",
+                        file,
+                        f"{where}.{key}",
                     )
                 )
                 continue

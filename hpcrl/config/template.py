@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from hpcrl.config.schema import deep_merge, flatten
+from hpcrl.config.text_rules import path_problem
 from hpcrl.config.yaml_io import load_yaml
-from hpcrl.errors import ConfigError, Problem
+from hpcrl.errors import ConfigError, Problem, short
 
 TEMPLATE_ONLY_KEYS = ("extends", "sweep")
 """Top-level keys of a template that are not ExperimentConfig fields."""
@@ -52,6 +53,10 @@ def load_template(path: str | Path) -> Template:
 
 
 def _load(path: Path, chain: tuple[Path, ...]) -> Template:
+    problem = path_problem(str(path))  # the template's own path is echoed in tables, manifests, messages
+    if problem:
+        where = (str(chain[-1]), "extends") if chain else (None, "TEMPLATE")
+        raise ConfigError(Problem(problem, *where))
     resolved = path.resolve()
     if resolved in chain:
         loop = " -> ".join(str(p) for p in (*chain[chain.index(resolved) :], resolved))
@@ -68,7 +73,9 @@ def _load(path: Path, chain: tuple[Path, ...]) -> Template:
         if not isinstance(extends, str) or not extends:
             raise ConfigError(
                 Problem(
-                    f"must be a relative path to a template, got {extends!r}", file=str(path), key="extends"
+                    f"must be a relative path to a template, got {short(extends)}",
+                    file=str(path),
+                    key="extends",
                 )
             )
         parent = _load(Path(os.path.normpath(path.parent / extends)), (*chain, resolved))

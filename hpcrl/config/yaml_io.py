@@ -2,6 +2,11 @@
 
 PyYAML silently keeps the last of two equal keys; a template with `lr:` twice is a mistake that
 would change an experiment without a word, so the loader here rejects duplicates (with both lines).
+
+Bounded input: a YAML text is at most MAX_YAML_BYTES, and its node graph, with every alias expanded, at
+most MAX_EXPANDED_NODES nodes (a recursive alias is refused). Aliases share one Python object, so a
+"billion laughs" file of a few hundred bytes loads at once, but everything that walks it (type checks,
+error messages, a sweep over it) would walk 10^9 nodes; it is refused here, before it is built.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import math
 import os
 import re
 import tempfile
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +26,11 @@ import yaml
 from hpcrl.errors import ConfigError, Problem
 
 _Base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+MAX_YAML_BYTES = 8 << 20
+"""Largest template, profile or command-line value read (a template is a few KB)."""
+MAX_EXPANDED_NODES = 1_000_000
+"""Largest node count of a YAML document with its aliases expanded (a 10,000-point list sweep: ~30,000)."""
 
 
 class _StrictLoader(_Base):  # type: ignore[misc, valid-type]
@@ -33,6 +44,10 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
     for key_node, value_node in node.value:
         key = loader.construct_object(key_node, deep=True)
         line = key_node.start_mark.line + 1
+        if not isinstance(key, Hashable):
+            raise yaml.constructor.ConstructorError(
+                None, None, f"a mapping key must be a scalar, got a {type(key).__name__}", key_node.start_mark
+            )
         if key in seen:
             raise yaml.constructor.ConstructorError(
                 None,
@@ -45,30 +60,99 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
     return out
 
 
+MAX_INT_BITS = 1024
+"""Largest YAML int read: Python prints no int of more than 4300 digits (the config id's JSON, an error
+message) without raising, and a hex literal reaches that in a few KB; 1024 bits is ~309 digits."""
+
+
+def _construct_int(loader: _StrictLoader, node: yaml.ScalarNode) -> int:
+    """YAML's int, refused beyond MAX_INT_BITS."""
+    value = yaml.constructor.SafeConstructor.construct_yaml_int(loader, node)
+    if value.bit_length() > MAX_INT_BITS:
+        raise yaml.constructor.ConstructorError(
+            None, None, f"an integer beyond {MAX_INT_BITS} bits is not a config value", node.start_mark
+        )
+    return value
+
+
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+_StrictLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 
 
 def load_yaml(path: str | Path) -> Any:
     """Parse a YAML file strictly; any failure is a ConfigError naming the file (exit 2)."""
     path = Path(path)
     try:
-        text = path.read_text()
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_YAML_BYTES + 1)
     except FileNotFoundError:
         raise ConfigError(Problem("file not found", file=str(path))) from None
-    except OSError as err:
-        raise ConfigError(Problem(f"cannot read: {err.strerror}", file=str(path))) from None
+    except (OSError, ValueError) as err:  # ValueError: a NUL byte in the path
+        raise ConfigError(
+            Problem(f"cannot read: {getattr(err, 'strerror', None) or err}", file=str(path))
+        ) from None
     try:
-        return yaml.load(text, Loader=_StrictLoader)
-    except yaml.YAMLError as err:
-        msg = " ".join(str(err).split())
-        raise ConfigError(Problem(f"invalid YAML: {msg}", file=str(path))) from None
+        text = raw.decode()
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            Problem(f"not UTF-8 text: {err.reason} at byte {err.start}", file=str(path))
+        ) from None
+    return loads_yaml(text, str(path))
 
 
 def loads_yaml(text: str, source: str = "<string>") -> Any:
+    """Parse YAML text strictly and within the size bounds of the module docstring (ConfigError naming
+    `source` otherwise)."""
+    if len(text) > MAX_YAML_BYTES:
+        raise ConfigError(Problem(f"larger than {MAX_YAML_BYTES >> 20} MiB: not a config file", file=source))
+    loader = _StrictLoader(text)
     try:
-        return yaml.load(text, Loader=_StrictLoader)
-    except yaml.YAMLError as err:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_expanded_size(node, source)
+        return loader.construct_document(node)
+    except (yaml.YAMLError, ValueError, TypeError, OverflowError) as err:  # the latter: a tag's constructor
         raise ConfigError(Problem(f"invalid YAML: {' '.join(str(err).split())}", file=source)) from None
+    finally:
+        loader.dispose()
+
+
+def _check_expanded_size(root: yaml.Node, source: str) -> None:
+    """Refuse a document whose alias-expanded node count exceeds MAX_EXPANDED_NODES, or that contains
+    itself (a recursive alias). Each distinct node is sized once (iterative, memoised by identity)."""
+    sizes: dict[int, int] = {}
+    on_path: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        key = id(node)
+        if children_done:
+            on_path.discard(key)
+            sizes[key] = 1 + sum(sizes[id(child)] for child in _children(node))
+            if sizes[key] > MAX_EXPANDED_NODES:
+                raise ConfigError(
+                    Problem(
+                        f"YAML aliases expand to more than {MAX_EXPANDED_NODES:,} nodes: not a config file",
+                        file=source,
+                    )
+                )
+            continue
+        if key in sizes:
+            continue
+        if key in on_path:
+            raise ConfigError(Problem("a YAML alias refers to a node that contains it", file=source))
+        on_path.add(key)
+        stack.append((node, True))
+        stack.extend((child, False) for child in _children(node) if id(child) not in sizes)
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
 
 
 _Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)

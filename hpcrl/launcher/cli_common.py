@@ -2,7 +2,9 @@
 
 Every leaf of ExperimentConfig is an option (`--algorithm.lr 1e-6`, `--cluster.env '{A: b}'`). Values
 are read as YAML scalars/flow collections and checked like template values, all at once, each problem
-naming `command line` and the key.
+naming `command line` and the key. The raw text must be one line of printable text (the config text
+rule, hpcrl.config.text_rules) BEFORE YAML reads it: YAML would otherwise turn "a<newline>#b" into "a"
+and "a<newline>b" into "a b", silently running something other than what was typed.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Any
 
 from hpcrl.config.experiment import ExperimentConfig
 from hpcrl.config.schema import TypeMismatch, check_value, describe, leaf_types
+from hpcrl.config.text_rules import text_problem
 from hpcrl.errors import ConfigError, Problem
 
 
@@ -41,6 +44,10 @@ def overrides_from(args) -> dict[str, Any]:
     for key, hint in hints.items():
         raw = _get(flat, key)
         if raw is None:
+            continue
+        problem = text_problem(raw)
+        if problem:
+            problems.append(Problem(problem, "command line", key))
             continue
         try:
             out[key] = check_value(loads_yaml(raw, f"--{key}"), hint)

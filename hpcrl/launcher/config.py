@@ -13,7 +13,9 @@ class ClusterConfig:
     executor: Literal["local", "slurm"] = "local"
     """local: run on this machine (no Slurm); slurm: one array job per sweep through submitit."""
     profile: str | None = None
-    """Cluster profile name (slurm/profiles/<name>.yaml) whose values are defaults for this section."""
+    """Cluster profile whose values are defaults for this section: a name, looked up in the repository's
+    slurm/profiles/ and in $XDG_CONFIG_HOME/hpcrl/profiles/; a file path only on the command line
+    (--cluster.profile PATH). Never swept (hpcrl.launcher.profiles)."""
     partition: str | None = None
     """Slurm partition."""
     account: str | None = None
@@ -50,10 +52,13 @@ class ClusterConfig:
     """Local executor: after Ctrl-C or SIGTERM of `hpcrl run` (forwarded to the ranks), or once one rank
     died, the other ranks get this many seconds to end on their own; then they are SIGKILLed."""
     env: dict[str, str] = field(default_factory=dict)
-    """Environment of every rank (e.g. NCCL_IB_HCA); values are quoted, never interpreted by a shell."""
+    """Environment of every rank (e.g. NCCL_IB_HCA, OMP_NUM_THREADS): exported as single-quoted data, the
+    last lines before srun. Names that steer code (PATH, LD_*, PYTHON*, SLURM_*, ...) are refused
+    (hpcrl.launcher.sbatch.env_problems)."""
     modules: list[str] = field(default_factory=list)
     """`module load` names run before the job."""
     container: str | None = None
     """Container image for srun --container-image (pyxis), if any."""
     setup: list[str] = field(default_factory=list)
-    """Extra trusted shell lines from the profile, run before the job (never from sweep values)."""
+    """Trusted shell lines run in the batch script before srun: from a profile only, never from a
+    template, the command line or a sweep (hpcrl.launcher.profiles.setup_problems)."""

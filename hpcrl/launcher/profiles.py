@@ -1,56 +1,109 @@
-"""Cluster profiles: slurm/profiles/<name>.yaml holds defaults for a template's `cluster:` section.
+"""Cluster profiles: trusted defaults for a template's `cluster:` section, and the only source of `setup`.
 
 A profile is a mapping of ClusterConfig fields. The template's own `cluster:` values win over the
-profile's; `env` mappings merge (template keys win). Lookup order for a bare name:
-$HPCRL_PROFILES (os.pathsep-separated directories), `slurm/profiles/` in the template's directory or
-any parent of it, then the profiles shipped beside the hpcrl package. A value ending in .yaml/.yml
-is a path relative to the template instead.
+profile's; `env` mappings merge (template keys win). A profile may carry `setup:` shell lines, which go
+verbatim into every batch script, so where a profile may come from is a security rule:
+
+- A template (or a sweep) names a profile by NAME only (`cluster: {profile: a100-ib}`), looked up in
+  the repository's `slurm/profiles/`, then in the user's `$XDG_CONFIG_HOME/hpcrl/profiles/`
+  (default `~/.config/hpcrl/profiles/`). Both are written by people who run hpcrl, not by whoever
+  wrote a template: a template downloaded into /tmp cannot bring a profile (no lookup next to the
+  template) and cannot point at a file.
+- The command line may also give a profile FILE: `--cluster.profile PATH` (relative to the working
+  directory). Whoever types the command chooses the file.
+- `cluster.profile` is never a sweep axis (hpcrl.config.sweep.SWEEP_LEVEL_KEYS): one profile per sweep.
+- `cluster.setup` is accepted from a profile only, never from a template or the command line.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import re
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from hpcrl.config.text_rules import path_problem
 from hpcrl.config.yaml_io import load_yaml
-from hpcrl.errors import ConfigError, Problem
+from hpcrl.errors import ConfigError, Problem, short
 
 PACKAGE_PROFILES = Path(__file__).resolve().parents[2] / "slurm" / "profiles"
+"""The repository's profiles."""
+PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,99}")
+"""A profile name: a file stem, no directory part."""
+KEY = "cluster.profile"
 
 
-def search_dirs(template_dir: Path) -> list[Path]:
-    dirs = [Path(p) for p in os.environ.get("HPCRL_PROFILES", "").split(os.pathsep) if p]
-    here = template_dir.resolve()
-    dirs += [parent / "slurm" / "profiles" for parent in (here, *here.parents)]
-    dirs.append(PACKAGE_PROFILES)
-    return list(dict.fromkeys(dirs))
+def user_profiles() -> Path:
+    """The user's own profile directory: $XDG_CONFIG_HOME/hpcrl/profiles (default ~/.config/...)."""
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "hpcrl" / "profiles"
 
 
-def available(template_dir: Path) -> list[str]:
+def search_dirs() -> list[Path]:
+    """Where a profile name is looked up, first match wins: the repository's, then the user's."""
+    return [PACKAGE_PROFILES, user_profiles()]
+
+
+def available() -> list[str]:
     names: set[str] = set()
-    for directory in search_dirs(template_dir):
+    for directory in search_dirs():
         if directory.is_dir():
             names.update(p.stem for p in directory.glob("*.yaml"))
     return sorted(names)
 
 
-def find_profile(name: str, template_dir: Path) -> Path:
-    """The file of profile `name`; ConfigError listing the available ones when there is none."""
-    if name.endswith((".yaml", ".yml")):
-        path = Path(name) if Path(name).is_absolute() else template_dir / name
+def is_path(reference: str) -> bool:
+    """A profile reference that names a file rather than a profile."""
+    return "/" in reference or reference.endswith((".yaml", ".yml"))
+
+
+def reference_problem(reference: str, from_command_line: bool) -> str | None:
+    """Why `reference` (the value of cluster.profile) may not select a profile here, or None."""
+    problem = path_problem(reference)
+    if problem:
+        return problem
+    if is_path(reference):
+        if from_command_line:
+            return None
+        return (
+            f"{short(reference)} is a file: a template names a profile ({', '.join(available()) or 'none'}, "
+            f"from {PACKAGE_PROFILES} or {user_profiles()}); a profile file is given on the command "
+            "line only (--cluster.profile PATH)"
+        )
+    if not PROFILE_NAME.fullmatch(reference):
+        return f"{short(reference)} is not a profile name (letters, digits, _ . + -)"
+    return None
+
+
+def setup_problems(cluster: Any, origin_of: Callable[[str], str | None]) -> list[Problem]:
+    """`cluster.setup` set anywhere but in a profile (a template of the extends chain, the command line).
+
+    Setup lines are shell code run in every batch script; they are trusted because profiles are."""
+    if isinstance(cluster, Mapping) and "setup" in cluster:
+        key = "cluster.setup"
+        message = (
+            "shell setup lines come from a cluster profile only (slurm/profiles/ or --cluster.profile PATH)"
+        )
+        return [Problem(message, origin_of(key), key)]
+    return []
+
+
+def find_profile(reference: str, from_command_line: bool) -> Path:
+    """The file of a checked profile reference; ConfigError listing the available ones when none is."""
+    if is_path(reference):
+        path = Path(reference).absolute()
         if path.is_file():
             return path
-        raise ConfigError(Problem(f"profile file {str(path)!r} not found", key="cluster.profile"))
-    for directory in search_dirs(template_dir):
-        path = directory / f"{name}.yaml"
+        raise ConfigError(Problem(f"profile file {short(str(path))} not found", key=KEY))
+    for directory in search_dirs():
+        path = directory / f"{reference}.yaml"
         if path.is_file():
             return path
     raise ConfigError(
         Problem(
-            f"unknown profile {name!r} (available: {', '.join(available(template_dir)) or 'none'})",
-            key="cluster.profile",
+            f"unknown profile {short(reference)} (available: {', '.join(available()) or 'none'})", key=KEY
         )
     )
 

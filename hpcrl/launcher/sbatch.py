@@ -5,9 +5,19 @@ very parameters that `SlurmExecutor` is given on submit, so a dry run shows byte
 submit sends to sbatch.
 
 Shell safety: no config value is ever pasted into shell code. #SBATCH values are shlex-quoted by
-submitit and, in addition, restricted here to characters Slurm uses (a newline in a directive would
-end the comment and start a shell line). `env` values become `export KEY=<shlex-quoted value>`:
-inert single-quoted data whatever they contain (`$(...)`, backticks, `;`, newlines, quotes).
+submitit and, in addition, restricted here to characters Slurm uses. Every config string is one line of
+printable text (hpcrl.config.text_rules), so no value can end a line of the script. The only shell text
+that is not generated here is a cluster profile's `setup` (profiles come from trusted places only, see
+hpcrl.launcher.profiles).
+
+`cluster.env` becomes `export KEY=<shlex-quoted value>` lines, the last lines before srun. Why exports
+in the script rather than a file the rank's Python reads: the variables must exist when the rank's
+process starts (OpenMP and MKL read theirs when torch loads its libraries, glibc and CUDA at exec,
+pyxis hands srun's environment to the container), which a file read later by Python cannot provide.
+shlex.quote makes each value one single-quoted word, which bash never expands, and the value has no
+line break to leave it; the dry run shows each export as it will run. The exports come after the
+module loads and the profile's setup, so those run without them; what is left that reads the variables
+is bash itself, srun, the dynamic loader and the ranks, hence the name rule in `env_problems`.
 The resolved config itself travels as a file path, never as shell text.
 """
 
@@ -18,11 +28,12 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from hpcrl.errors import short
 from hpcrl.launcher.config import ClusterConfig
 
 _DIRECTIVE_SAFE = re.compile(r"[\w.,:&|!*+\[\]()@/%=-]+")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_MODULE_NAME = re.compile(r"[\w.+/@:-]+")
+_ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
+_MODULE_NAME = re.compile(r"[\w.+/@:][\w.+/@:-]*")  # never a leading '-': it would be an option
 _JOB_NAME_UNSAFE = re.compile(r"[^\w.-]")
 
 DIRECTIVE_FIELDS = ("partition", "account", "qos", "gres", "constraint")
@@ -34,23 +45,78 @@ REQUEUE_SIGNAL_NOTE = (
 )
 
 
+ENV_FORBIDDEN = {
+    "PATH": "it chooses the programs the batch script and the ranks run (srun included)",
+    "HOME": "Python adds ~/.local site-packages (and runs usercustomize) from it",
+    "BASH_ENV": "every non-interactive bash sources the file it names",
+    "ENV": "sh sources the file it names",
+    "IFS": "it changes how bash splits words",
+    "PS4": "bash expands it (command substitution included) when tracing",
+    "SHELLOPTS": "it sets bash options in every child bash",
+    "BASHOPTS": "it sets bash options in every child bash",
+    "PROMPT_COMMAND": "bash runs it as a command",
+    "GLIBC_TUNABLES": "the dynamic loader parses it at every exec",
+    "GCONV_PATH": "glibc loads character-set converters from it",
+    "CUDA_INJECTION64_PATH": "CUDA loads the library it names into every process",
+}
+"""Environment names a config may not set, and why: each changes which code runs, not how it runs."""
+ENV_FORBIDDEN_PREFIXES = {
+    "LD_": "the dynamic loader reads them (LD_PRELOAD, LD_LIBRARY_PATH, ...)",
+    "SLURM_": "srun reads them (SLURM_TASK_PROLOG runs a program in every task)",
+    "SRUN_": "srun reads them",
+    "SBATCH_": "sbatch reads them",
+    "SUBMITIT_": "submitit reads them in every rank",
+    "PYTHON": "they change the interpreter (PYTHONPATH, PYTHONHOME, PYTHONSTARTUP, ...)",
+}
+"""Environment name prefixes a config may not use, and why."""
+ENV_ALLOWED = frozenset(
+    {
+        "PYTHONHASHSEED",
+        "PYTHONUNBUFFERED",
+        "PYTHONFAULTHANDLER",
+        "PYTHONDONTWRITEBYTECODE",
+        "PYTHONIOENCODING",
+        "PYTHONUTF8",
+        "PYTHONSAFEPATH",
+    }
+)
+"""PYTHON* names that only tune the interpreter (hashing, buffering, encodings, a safer sys.path).
+An allowlist: every Python release adds PYTHON* variables, and a denylist would miss the next one."""
+
+
+def env_problems(env: dict[str, str]) -> list[tuple[str, str]]:
+    """`cluster.env` names that are not plain upper-case names or that steer code, as (key, message).
+
+    Not every dangerous variable of every program can be listed; the rule blocks those that bash, srun,
+    the loader and Python read before any hpcrl code runs. The values need no rule of their own beyond
+    the text rule (hpcrl.config.text_rules): they are always one shlex-quoted word."""
+    out = []
+    for name in env:
+        key = f"cluster.env.{name}"
+        if not _ENV_NAME.fullmatch(name):
+            out.append((key, f"{short(name)} is not an environment variable name ([A-Z_][A-Z0-9_]*)"))
+        elif name in ENV_FORBIDDEN:
+            out.append((key, f"may not be set from a config: {ENV_FORBIDDEN[name]}"))
+        elif name not in ENV_ALLOWED:
+            prefix = next((p for p in ENV_FORBIDDEN_PREFIXES if name.startswith(p)), None)
+            if prefix:
+                out.append((key, f"{prefix}* may not be set from a config: {ENV_FORBIDDEN_PREFIXES[prefix]}"))
+    return out
+
+
 def check_cluster(cluster: ClusterConfig) -> list[tuple[str, str]]:
     """Values that cannot safely become sbatch directives or shell names, as (dotted key, message)."""
     out = []
     for name in DIRECTIVE_FIELDS:
         value = getattr(cluster, name)
         if value is not None and not _DIRECTIVE_SAFE.fullmatch(value):
-            out.append((f"cluster.{name}", f"{value!r} has characters Slurm does not use in a {name}"))
-    for key, value in cluster.env.items():
-        if not _ENV_NAME.fullmatch(key):
-            out.append((f"cluster.env.{key}", "is not a valid environment variable name"))
-        if "\0" in value:
-            out.append((f"cluster.env.{key}", "contains a NUL byte"))
+            out.append((f"cluster.{name}", f"{short(value)} has characters Slurm does not use in a {name}"))
+    out += env_problems(cluster.env)
     for module in cluster.modules:
         if not _MODULE_NAME.fullmatch(module):
-            out.append(("cluster.modules", f"{module!r} is not a module name"))
+            out.append(("cluster.modules", f"{short(module)} is not a module name"))
     if cluster.container is not None and not _MODULE_NAME.fullmatch(cluster.container):
-        out.append(("cluster.container", f"{cluster.container!r} is not an image reference"))
+        out.append(("cluster.container", f"{short(cluster.container)} is not an image reference"))
     return out
 
 
@@ -66,10 +132,11 @@ def mem_text(mem_gb: float) -> str:
 
 
 def setup_lines(cluster: ClusterConfig) -> list[str]:
-    """Shell lines run in the batch script before srun: modules, exported env, the profile's setup."""
+    """Shell lines run in the batch script before srun: modules, the profile's setup, then the exported
+    env (last: the template's env wins over what setup exported, and nothing else runs under it)."""
     lines = [f"module load {shlex.quote(m)}" for m in cluster.modules]
-    lines += [f"export {key}={shlex.quote(value)}" for key, value in sorted(cluster.env.items())]
-    return lines + list(cluster.setup)
+    lines += list(cluster.setup)
+    return lines + [f"export {key}={shlex.quote(value)}" for key, value in sorted(cluster.env.items())]
 
 
 def sbatch_parameters(cluster: ClusterConfig, name: str) -> dict[str, Any]:

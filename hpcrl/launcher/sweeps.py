@@ -4,24 +4,60 @@ Order of a submit: resolve + check everything (nothing is written on a config er
 element's resolved config into its run dir -> write the manifest (state NEW) -> submit the arrays ->
 rewrite the manifest with job ids. Every manifest write is atomic; a failed sbatch marks the elements
 it covered SUBMIT_FAILED (so `resume` can retry them) and is reported as a ClusterError (exit 1).
+A directory that cannot be created or written is a ConfigError naming it (exit 2), never a traceback.
+
+A dry run writes inside the sweep directory only: the configs go to <sweep>/configs/<id>/config.yaml
+(the manifest still names each element's future run directory), the scripts to <sweep>/sbatch/.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from hpcrl.config.resolve import ResolvedConfig, Sweep
+from hpcrl.config.text_rules import path_problem
 from hpcrl.config.yaml_io import dump_yaml
-from hpcrl.errors import ClusterError
+from hpcrl.errors import ClusterError, ConfigError, Problem
 from hpcrl.launcher import local, slurm
 from hpcrl.launcher.manifest import FINAL, RESUBMITTABLE, Entry, Manifest
 
 CONFIG_FILE = "config.yaml"
 SLURM_DIR = "slurm"
+DRY_RUN_CONFIGS = "configs"
+SBATCH_DIR = "sbatch"
+
+
+def sweep_dir_problems(sweep_dir: Path, key: str) -> list[Problem]:
+    """The sweep directory (given as --sweep_dir, or made of run_root and name) is a path value, and it
+    holds no '%': submitit writes it into #SBATCH --output/--error, where Slurm reads %<letter> as a
+    pattern (the logs would go to another directory)."""
+    text = str(sweep_dir)
+    problem = path_problem(text) or (
+        "has a '%', which Slurm reads as a file name pattern" if "%" in text else None
+    )
+    return [Problem(problem, key=key)] if problem else []
+
+
+@contextlib.contextmanager
+def writing(sweep_dir: Path | None, key: str) -> Iterator[None]:
+    """Turn a file system refusal (permission, read-only, a name too long) into a ConfigError naming the
+    path and the option that chose it (exit 2) instead of a traceback: `key` for a path inside
+    `sweep_dir` (the option that chose the sweep directory), run_root for a run directory."""
+    try:
+        yield
+    except OSError as err:
+        path = Path(os.fsdecode(err.filename)) if err.filename is not None else None
+        inside = path is not None and sweep_dir is not None and path.is_relative_to(sweep_dir)
+        message = f"cannot create or write a file or directory here: {err.strerror or err}"
+        raise ConfigError(
+            Problem(message, file=None if path is None else str(path), key=key if inside else "run_root")
+        ) from None
 
 
 def default_sweep_dir(sweep: Sweep) -> Path:
@@ -54,13 +90,16 @@ def write_config(element: ResolvedConfig, run_dir: Path | None = None) -> Path:
     return path
 
 
-def prepare(sweep: Sweep, sweep_dir: Path, overrides: dict[str, Any] | None = None) -> Manifest:
-    """Write every element's config and the manifest (state NEW); submits nothing."""
+def prepare(
+    sweep: Sweep, sweep_dir: Path, overrides: dict[str, Any] | None = None, *, dry_run: bool = False
+) -> Manifest:
+    """Write every element's config and the manifest (state NEW); submits nothing. `dry_run`: the
+    configs go inside the sweep directory, not into run directories."""
     sweep_dir.mkdir(parents=True, exist_ok=True)
     entries = []
     for e in sweep.elements:
         run_dir = e.run_dir
-        config_path = write_config(e, run_dir)
+        config_path = write_config(e, sweep_dir / DRY_RUN_CONFIGS / e.config_id if dry_run else run_dir)
         entries.append(
             Entry(
                 index=e.index,
@@ -91,7 +130,7 @@ def render_scripts(
     out = []
     folder = Path(manifest.sweep_dir) / SLURM_DIR
     for k, (params, members) in enumerate(slurm.plan_arrays(sweep.elements, sweep.name, max_array)):
-        path = Path(manifest.sweep_dir) / "sbatch" / f"array-{k}.sh"
+        path = Path(manifest.sweep_dir) / SBATCH_DIR / f"array-{k}.sh"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(slurm.render_sbatch(params, folder, len(members), python))
         out.append((path, [m.index for m in members]))

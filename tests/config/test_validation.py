@@ -6,6 +6,7 @@ import textwrap
 from pathlib import Path
 
 from hpcrl import cli
+from hpcrl.errors import MESSAGE_CHARS, WHERE_CHARS, ConfigError, Problem, short
 
 BAD = """\
     name: bad
@@ -83,3 +84,14 @@ def test_megatron_optimizer_backend_on_an_element_without_gpus_is_rejected_befor
     gpu = tmp_path / "gpu.yaml"  # the same backend on GPU nodes is a valid config
     gpu.write_text("optim: {backend: megatron}\ncluster: {gres: 'gpu:a100:1', tasks_per_node: 1}\n")
     assert cli.main(["expand", str(gpu)]) == 0
+
+
+def test_a_problem_is_bounded_and_on_one_line_whatever_it_quotes():
+    """The one place that bounds error text: a Problem cuts and escapes its message, file and key."""
+    problem = Problem("m" * 10_000, "f\n" * 1_000, "k\x1b[2J")
+    text = str(problem)
+    assert text.isprintable() and len(text) < MESSAGE_CHARS + 2 * WHERE_CHARS + 100
+    assert "more characters" in text and "k\\x1b[2J" in text
+    assert len(short("y" * 1_000_000)) < 200 and short(list(range(1_000_000))).endswith("...]")
+    many = ConfigError([Problem(f"p{i}") for i in range(500)])
+    assert len(many.problems) == 500 and str(many).endswith("... and 450 more problem(s)")

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from hpcrl.config.resolve import resolve
+from hpcrl.errors import ConfigError
 from hpcrl.launcher.sbatch import render_sbatch, sbatch_parameters
 
 REPO = Path(__file__).resolve().parents[2]
@@ -61,20 +62,25 @@ def test_render_is_what_submitits_executor_writes(tmp_path):
 
 
 def test_hostile_env_values_stay_inert_in_bash(tmp_path):
-    """Values with $(...), backticks, ;, newlines and quotes: bash sees data, runs nothing."""
+    """Values with $(...), backticks, ;, quotes and globs: bash sees data, runs nothing. A line break
+    is refused at expand time (every config string is one line), so each export is one script line."""
     marker = tmp_path / "X"
     hostile = {
         "A": f"$(touch {marker})",
         "B": f"`touch {marker}`",
         "C": f"x; touch {marker}",
-        "D": f"line1\ntouch {marker}\n",
         "E": f"it's \"quoted\" ' ; touch {marker}",
+        "F": "* ~ $HOME ${IFS} !! \\",
     }
     template = tmp_path / "t.yaml"
     template.write_text("cluster:\n  env: " + json.dumps(hostile) + "\n")
     cluster = resolve(template).elements[0].config.cluster
     params = sbatch_parameters(cluster, "x")
+    assert len(params["setup"]) == len(hostile)
     script = "\n".join(params["setup"]) + "\n" + "".join(f'printf "%s\\0" "${k}"\n' for k in hostile)
     out = subprocess.run(["bash", "-c", script], capture_output=True, check=True).stdout
     assert out.split(b"\0")[:-1] == [v.encode() for v in hostile.values()]
     assert not marker.exists()
+    template.write_text("cluster:\n  env: " + json.dumps({"D": f"line1\ntouch {marker}\n"}) + "\n")
+    with pytest.raises(ConfigError, match=r"cluster\.env\.D: .* non-printable character '\\n'"):
+        resolve(template)

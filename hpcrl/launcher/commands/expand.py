@@ -38,11 +38,13 @@ def main(args) -> int:
         return 0
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title=f"{sweep.template}: {len(sweep.elements)} config(s)")
+    # Text, not str: rich reads "[...]" in a str as markup, and a value is data (a "[/]" would raise).
+    table = Table(title=Text(f"{sweep.template}: {len(sweep.elements)} config(s)"))
     for column in ("index", "id", *sweep.keys):
-        table.add_column(column, justify="right" if column == "index" else "left")
+        table.add_column(Text(column), justify="right" if column == "index" else "left")
     for e in sweep.elements:
-        table.add_row(str(e.index), e.config_id, *(str(e.swept.get(k, "")) for k in sweep.keys))
+        table.add_row(str(e.index), e.config_id, *(Text(str(e.swept.get(k, ""))) for k in sweep.keys))
     Console(width=200).print(table)
     return 0

@@ -12,7 +12,8 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
-    from hpcrl.config.resolve import ResolvedConfig
+    from hpcrl.config.resolve import ResolvedConfig, element_problems
+    from hpcrl.errors import ConfigError, Problem
     from hpcrl.launcher import sweeps
     from hpcrl.launcher.element import load_resolved
     from hpcrl.launcher.manifest import load_manifest
@@ -25,6 +26,13 @@ def main(args) -> int:
     elements = [
         ResolvedConfig(e.index, e.config_id, load_resolved(Path(e.config_path)), {}, e.swept) for e in again
     ]
+    problems = [
+        Problem(message, entry.config_path, key)
+        for entry, element in zip(again, elements, strict=True)
+        for key, message in element_problems(element.config)
+    ]
+    if problems:
+        raise ConfigError(problems)
     before = len(manifest.arrays)
     sweeps.submit_elements(manifest, elements)
     for array in manifest.arrays[before:]:

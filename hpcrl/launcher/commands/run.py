@@ -43,7 +43,8 @@ def main(args) -> int:
     if not 0 <= index < len(sweep.elements):
         raise ConfigError(Problem(f"--index {index} is outside 0..{len(sweep.elements) - 1}", key="--index"))
     element = sweep.elements[index]
-    config_path = sweeps.write_config(element)
+    with sweeps.writing(None, "run_root"):
+        config_path = sweeps.write_config(element)
     print(f"run dir: {element.run_dir}", flush=True)
     cluster = element.config.cluster
     world = cluster.nodes * cluster.tasks_per_node

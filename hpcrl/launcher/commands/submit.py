@@ -1,7 +1,8 @@
 """`hpcrl submit TEMPLATE [--dry-run] [overrides]`: write configs + manifest, submit the array job(s).
 
 Non-blocking: prints the sweep directory and the job ids, then returns. --dry-run writes the configs,
-the manifest and the exact sbatch script(s) and calls no sbatch.
+the manifest and the exact sbatch script of every array job inside the sweep directory, prints every
+script (a sweep over resource shapes has several: each is shown, not only the first) and calls no sbatch.
 """
 
 from __future__ import annotations
@@ -57,38 +58,62 @@ def main(args) -> int:
     sweep = resolve(args.template, overrides)
     if print_config_if_asked(args, sweep):
         return 0
+    sweep_dir, key = _sweep_dir(args, sweep)
     if not args.ignore_memory_plan:
         problems = memory_preflight(sweep)
         if problems:
             problems.append(Problem("see `hpcrl plan TEMPLATE`; --ignore_memory_plan submits anyway"))
             raise ConfigError(problems)
-    sweep_dir = Path(args.sweep_dir).absolute() if args.sweep_dir else sweeps.default_sweep_dir(sweep)
     executor = sweep.elements[0].config.cluster.executor
     if args.dry_run:
-        try:
-            limit = slurm.max_array_size()
-        except Exception:  # noqa: BLE001 - a dry run must work without a reachable controller
-            limit = slurm.DEFAULT_MAX_ARRAY_SIZE
-        manifest = sweeps.prepare(sweep, sweep_dir, overrides)
-        for entry in manifest.entries:
-            entry.state = "DRY_RUN"
-        manifest.save()
-        scripts = sweeps.render_scripts(sweep, manifest, limit, sys.executable)
-        print(f"sweep: {sweep_dir}")
-        print(
-            f"dry run: {len(sweep.elements)} config(s) written, {len(scripts)} sbatch script(s), nothing submitted"
-        )
-        for path, indices in scripts:
-            print(f"# {path} (indices {indices[0]}..{indices[-1]})")
-        if scripts:
-            print(scripts[0][0].read_text())
-        return 0
+        return _dry_run(sweep, sweep_dir, key, overrides)
     # Ask the controller first: when Slurm is unreachable nothing is written at all.
     limit = slurm.max_array_size() if executor == "slurm" else None
-    manifest = sweeps.prepare(sweep, sweep_dir, overrides)
+    with sweeps.writing(sweep_dir, key):
+        manifest = sweeps.prepare(sweep, sweep_dir, overrides)
     print(f"sweep: {sweep_dir}", flush=True)
     sweeps.submit_elements(manifest, sweep.elements, limit)
     for array in manifest.arrays:
         print(f"submitted {executor} job {array['job_id']}: {len(array['indices'])} element(s)")
     print(f"next: hpcrl status {sweep_dir}")
+    return 0
+
+
+def _sweep_dir(args, sweep) -> tuple[Path, str]:
+    """The checked sweep directory and the option that chose it (named in messages)."""
+    from hpcrl.launcher import sweeps
+
+    if args.sweep_dir:
+        sweep_dir, key = Path(args.sweep_dir).absolute(), "--sweep_dir"
+    else:
+        sweep_dir, key = sweeps.default_sweep_dir(sweep), "run_root"
+    problems = sweeps.sweep_dir_problems(sweep_dir, key)
+    if problems:
+        raise ConfigError(problems)
+    return sweep_dir, key
+
+
+def _dry_run(sweep, sweep_dir: Path, key: str, overrides: dict) -> int:
+    """Write configs, manifest and every array job's script inside `sweep_dir`; print every script."""
+    from hpcrl.launcher import slurm, sweeps
+
+    try:
+        limit = slurm.max_array_size()
+    except Exception:  # noqa: BLE001 - a dry run must work without a reachable controller
+        limit = slurm.DEFAULT_MAX_ARRAY_SIZE
+    with sweeps.writing(sweep_dir, key):
+        manifest = sweeps.prepare(sweep, sweep_dir, overrides, dry_run=True)
+        for entry in manifest.entries:
+            entry.state = "DRY_RUN"
+        manifest.save()
+        scripts = sweeps.render_scripts(sweep, manifest, limit, sys.executable)
+    print(f"sweep: {sweep_dir}")
+    print(
+        f"dry run: {len(sweep.elements)} config(s) written, {len(scripts)} sbatch script(s), nothing submitted"
+    )
+    for path, indices in scripts:
+        print(f"# {path} (indices {indices[0]}..{indices[-1]})")
+    for path, _ in scripts:
+        print(f"# ----- {path}")
+        print(path.read_text())
     return 0
