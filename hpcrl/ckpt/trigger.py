@@ -31,6 +31,8 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
+from hpcrl.ckpt.collectives import collective_device
+
 _DURATION = re.compile(r"^(?:(?:(\d+)-)?(\d+):)?(\d+):(\d+)$")
 
 
@@ -144,9 +146,10 @@ class SaveTrigger:
             self._terminating or (self.signals is not None and self.signals.terminating),
         ]
         self._requested = False
-        flags = torch.tensor([int(f) for f in local], dtype=torch.int64)
+        flags = torch.tensor([int(f) for f in local], dtype=torch.int64, device=collective_device(group))
         if group is not None:
             dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)
+        flags = flags.cpu()
         _, requested, deadline, terminating = (bool(f) for f in flags.tolist())
         names = ("periodic", "requested", "deadline", "terminating")
         reasons = tuple(n for n, f in zip(names, flags.tolist(), strict=True) if f)

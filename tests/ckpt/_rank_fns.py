@@ -117,3 +117,18 @@ def async_save_two_ranks(rank: int, world_size: int, root: str) -> dict:
             torch.equal(loaded.tensors[s.name], expected_local(global_tensors(seed=step), s)) for s in specs
         )
     return out
+
+
+def nccl_save_collectives(rank: int, world: int) -> tuple[bool, int, list]:
+    """The save path's collectives on the NCCL default group (the GPU jobs' group): the trigger's vote,
+    max_over_ranks and all_gather_json, each with tensors on the group's device."""
+    import torch
+    import torch.distributed as dist
+
+    from hpcrl.ckpt.collectives import all_gather_json, max_over_ranks
+    from hpcrl.ckpt.trigger import SaveTrigger
+
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    group = dist.group.WORLD
+    decision = SaveTrigger(every_steps=2).decide(2, group)
+    return decision.save, max_over_ranks(rank + 5, group), all_gather_json({"rank": rank}, group)

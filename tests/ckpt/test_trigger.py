@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hpcrl.ckpt.trigger import SaveTrigger, parse_slurm_duration
 from hpcrl.dist.spawn import run_ranks
 from hpcrl.lifecycle import Lifecycle
-from tests.ckpt._rank_fns import trigger_agreement
+from tests.ckpt._rank_fns import nccl_save_collectives, trigger_agreement
 
 
 @given(st.integers(0, 30), st.integers(0, 23), st.integers(0, 59), st.integers(0, 59))
@@ -90,3 +90,11 @@ def test_terminating_saves_and_stops_without_a_requeue_of_its_own():
     fresh = SaveTrigger(every_steps=0)
     fresh.request()
     assert fresh.decide(4, None).requeue  # a warning signal alone still asks for the requeue
+
+
+@pytest.mark.gpu
+def test_the_save_collectives_run_on_an_nccl_group():
+    """NCCL moves CUDA tensors only: the trigger's vote and the checkpoint's small collectives used to
+    build CPU tensors, which fail on the NCCL group GPU jobs run on."""
+    [(save, biggest, gathered)] = run_ranks(nccl_save_collectives, 1, backend="nccl")
+    assert save and biggest == 5 and gathered == [{"rank": 0}]
