@@ -12,43 +12,38 @@ same experiment always gets the same id (and run directory), whatever template p
 
 from __future__ import annotations
 
-import hashlib
-from collections import defaultdict
-from dataclasses import dataclass
+import itertools
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpcrl.config.elements import ElementMaker, Elements, ResolvedConfig, config_id
 from hpcrl.config.experiment import ExperimentConfig
 from hpcrl.config.rules import check_rules
-from hpcrl.config.schema import build, check_tree, deep_merge, flatten, leaf_types, to_dict
+from hpcrl.config.schema import (
+    check_tree,
+    deep_merge,
+    flatten,
+    get_dotted,
+    leaf_types,
+    to_dict,
+    with_values,
+)
 from hpcrl.config.sweep import SweepPlan, check_sweep
 from hpcrl.config.template import Template, load_template
 from hpcrl.config.text_rules import string_problems
-from hpcrl.config.yaml_io import canonical_json
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.launcher.config import ClusterConfig
 from hpcrl.launcher.profiles import find_profile, is_path, load_profile, reference_problem, setup_problems
+from hpcrl.progress import Track, untracked
+
+__all__ = ["ResolvedConfig", "Sweep", "config_id", "element_problems", "resolve"]
 
 COMMAND_LINE = "command line"
 PROFILE_KEY = "cluster.profile"
-ID_LENGTH = 10
-
-
-@dataclass(frozen=True)
-class ResolvedConfig:
-    """One array element: its index in the sweep, its id and its config."""
-
-    index: int
-    config_id: str
-    config: ExperimentConfig
-    data: dict[str, Any]
-    """The config as plain data (what is written to config.yaml)."""
-    swept: dict[str, Any]
-    """The swept keys' values of this element."""
-
-    @property
-    def run_dir(self) -> Path:
-        return (Path(self.config.run_root) / self.config.name / self.config_id).absolute()
+INDICES_SHOWN = 8
+"""Sweep element indices quoted in a problem that several elements share."""
 
 
 @dataclass(frozen=True)
@@ -59,15 +54,17 @@ class Sweep:
     name: str
     keys: list[str]
     """Swept dotted keys, in order."""
-    elements: list[ResolvedConfig]
+    elements: Elements
+    """Made one at a time when read (hpcrl.config.elements); each was checked by `resolve`."""
+    plan: SweepPlan = field(repr=False)
 
 
-def config_id(data: dict[str, Any]) -> str:
-    return hashlib.sha256(canonical_json(data).encode()).hexdigest()[:ID_LENGTH]
+def resolve(
+    template_path: str | Path, overrides: dict[str, Any] | None = None, *, track: Track = untracked
+) -> Sweep:
+    """Load, check and expand a template. Raises ConfigError with every problem found.
 
-
-def resolve(template_path: str | Path, overrides: dict[str, Any] | None = None) -> Sweep:
-    """Load, check and expand a template. Raises ConfigError with every problem found."""
+    Every element is made and checked once here, and only its config id kept; `track` shows that pass."""
     template = load_template(template_path)
     overrides = overrides or {}
     values = dict(template.values)
@@ -85,47 +82,75 @@ def resolve(template_path: str | Path, overrides: dict[str, Any] | None = None) 
     problems += sweep_problems
     profile, profile_problems = _profile(base, template, from_command_line=PROFILE_KEY in overrides)
     problems += profile_problems
-    elements, rule_problems = _expand(base, plan, template, profile)
-    problems += rule_problems
+    if profile:
+        base["cluster"] = deep_merge(profile, base.get("cluster", {}))
+    # Made from what passed (bad keys left out), so that the rules report too: every problem at once.
+    maker = ElementMaker(base, profile, plan)
+    ids, element_problems_found = _check_elements(maker, plan, template, track)
+    problems += element_problems_found
     if problems:
         raise ConfigError(_dedupe(problems))
     return Sweep(
         template=Path(template_path),
-        name=str(base.get("name", ExperimentConfig.name)),
+        name=maker.base_config.name,
         keys=plan.keys,
-        elements=elements,
+        elements=Elements(maker, plan, ids),
+        plan=plan,
     )
 
 
-def _expand(
-    base: dict[str, Any], plan: SweepPlan, template: Template, profile: dict[str, Any]
-) -> tuple[list[ResolvedConfig], list[Problem]]:
-    elements: list[ResolvedConfig] = []
-    failures: dict[tuple[str, str], list[int]] = defaultdict(list)
-    for index, assignment in enumerate(plan.assignments()):
-        data = with_values(base, assignment)
-        if profile:
-            data["cluster"] = deep_merge(profile, data.get("cluster", {}))
-        cfg = build(ExperimentConfig, data)
-        plain = to_dict(cfg)
-        for key, message in element_problems(cfg, plain):
-            failures[(key, message)].append(index)
-        elements.append(ResolvedConfig(index, config_id(plain), cfg, plain, assignment))
-    problems = []
-    for (key, message), indices in failures.items():
-        swept = key in plan.keys
-        file = template.sweep_file if swept else template.origin_of(key)
-        if len(elements) > 1:
-            shown = ", ".join(map(str, indices[:8])) + (", ..." if len(indices) > 8 else "")
-            message = f"{message} [sweep element(s) {shown}]"
-        problems.append(Problem(message, file, key))
-    return elements, problems
+class _Failures:
+    """Problems shared by elements: (key, message) -> how many elements and the first few indices."""
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[str, str], tuple[int, list[int]]] = {}
+
+    def add(self, key: str, message: str, indices: Iterable[int], count: int) -> None:
+        seen, shown = self._seen.get((key, message), (0, []))
+        shown += itertools.islice(indices, INDICES_SHOWN - len(shown))
+        self._seen[(key, message)] = (seen + count, shown)
+
+    def problems(self, plan: SweepPlan, template: Template, elements: int) -> list[Problem]:
+        out = []
+        for (key, message), (count, shown) in self._seen.items():
+            file = template.sweep_file if key in plan.keys else template.origin_of(key)
+            if elements > 1:
+                more = ", ..." if count > INDICES_SHOWN else ""
+                message = f"{message} [sweep element(s) {', '.join(map(str, shown))}{more}]"
+            out.append(Problem(message, file, key))
+        return out
+
+
+def _check_elements(
+    maker: ElementMaker, plan: SweepPlan, template: Template, track: Track
+) -> tuple[list[str], list[Problem]]:
+    """Make and check every element; return their config ids and the problems (shared ones merged).
+
+    The strings of the base config are checked once, those of each element's sweep values per element:
+    an element's strings are exactly these (element_problems checks a whole config, for `resume`)."""
+    failures = _Failures()
+    for key, message in string_problems(maker.base_data):
+        if not _is_swept(key, plan.keys):  # else no element has the base's value
+            failures.add(key, message, range(len(plan)), len(plan))
+    ids: list[str] = []
+    for index, assignment in enumerate(track(plan.assignments(), len(plan), "checking configs")):
+        element = maker.make(index, assignment)
+        swept_data = {key: get_dotted(element.data, key) for key in assignment}
+        for key, message in (*check_rules(element.config), *string_problems(swept_data)):
+            failures.add(key, message, (index,), 1)
+        ids.append(element.config_id)
+    return ids, failures.problems(plan, template, len(plan))
+
+
+def _is_swept(key: str, swept: list[str]) -> bool:
+    """`key` is a swept key or lies inside one (cluster.env.X inside a swept cluster.env)."""
+    return any(key == k or key.startswith(f"{k}.") for k in swept)
 
 
 def element_problems(cfg: ExperimentConfig, plain: dict[str, Any] | None = None) -> list[tuple[str, str]]:
     """Every rule one resolved config must pass, as (dotted key, message): the cross-field rules and the
-    text rule of every string. Run on each element here and on each config `hpcrl resume` submits again
-    (its config.yaml may have been edited since)."""
+    text rule of every string. Checks each config `hpcrl resume` submits again (its config.yaml may have
+    been edited since); `resolve` applies the same rules per element, the strings split as it says."""
     return [*check_rules(cfg), *string_problems(to_dict(cfg) if plain is None else plain)]
 
 
@@ -156,20 +181,6 @@ def _profile(
     if is_path(reference):
         base["cluster"] = {**base["cluster"], "profile": str(path)}
     return checked, problems
-
-
-def with_values(base: dict[str, Any], assignment: dict[str, Any]) -> dict[str, Any]:
-    """A copy of `base` with dotted keys set; only the mappings on the changed paths are copied."""
-    out = dict(base)
-    for dotted, value in assignment.items():
-        parts = dotted.split(".")
-        node = out
-        for part in parts[:-1]:
-            child = node.get(part)
-            node[part] = dict(child) if isinstance(child, dict) else {}
-            node = node[part]
-        node[parts[-1]] = value
-    return out
 
 
 def _dedupe(problems: list[Problem]) -> list[Problem]:

@@ -189,6 +189,8 @@ def build(cls: type, data: dict[str, Any]) -> Any:
 
 def to_dict(obj: Any) -> Any:
     """A config dataclass as plain data (tuples become lists), the form written to YAML/JSON."""
+    if obj is None or isinstance(obj, (str, int, float)):  # bool is an int
+        return obj
     if dataclasses.is_dataclass(obj):
         return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, (list, tuple)):
@@ -219,6 +221,20 @@ def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
             child = node[part] = {}
         node = child
     node[parts[-1]] = value
+
+
+def with_values(base: dict[str, Any], assignment: dict[str, Any]) -> dict[str, Any]:
+    """A copy of `base` with dotted keys set; only the mappings on the changed paths are copied."""
+    out = dict(base)
+    for dotted, value in assignment.items():
+        parts = dotted.split(".")
+        node = out
+        for part in parts[:-1]:
+            child = node.get(part)
+            node[part] = dict(child) if isinstance(child, dict) else {}
+            node = node[part]
+        node[parts[-1]] = value
+    return out
 
 
 def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:

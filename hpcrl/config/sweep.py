@@ -65,6 +65,30 @@ class SweepPlan:
             size *= len(next(iter(self.zip.values())))
         return size * max(len(self.points), 1)
 
+    def assignment(self, index: int) -> dict[str, Any]:
+        """Element `index`'s {dotted key: value} without walking the ones before it (the mixed-radix
+        digits of `index`, list entries fastest), so one element of a 100,000-element sweep is O(axes)."""
+        if not 0 <= index < len(self):
+            raise IndexError(f"sweep element {index} is outside 0..{len(self) - 1}")
+        points = self.points or [{}]
+        rest, point = divmod(index, len(points))
+        rest, row = divmod(rest, len(next(iter(self.zip.values()))) if self.zip else 1)
+        digits: dict[str, Any] = {}
+        for key in reversed(self.grid):
+            rest, digit = divmod(rest, len(self.grid[key]))
+            digits[key] = self.grid[key][digit]
+        out = {key: digits[key] for key in self.grid}
+        out.update({key: values[row] for key, values in self.zip.items()})
+        return {**out, **points[point]}
+
+    def values(self, key: str) -> list[Any]:
+        """Every value `key` takes somewhere in the sweep (its axis, or the list entries that set it)."""
+        if key in self.grid:
+            return self.grid[key]
+        if key in self.zip:
+            return self.zip[key]
+        return [point[key] for point in self.points if key in point]
+
     def assignments(self) -> Iterator[dict[str, Any]]:
         """Each element's {dotted key: value}, in index order."""
         grid_keys = list(self.grid)

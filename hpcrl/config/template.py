@@ -52,11 +52,16 @@ def load_template(path: str | Path) -> Template:
     return _load(Path(path), ())
 
 
-def _load(path: Path, chain: tuple[Path, ...]) -> Template:
+def _load(path: Path, chain: tuple[Path, ...], named_by: Path | None = None) -> Template:
+    """`path` and its parents; `chain` holds the resolved files that extend it, `named_by` the one that
+    named it (as written there)."""
+    # A mistake in an `extends` path is in the file that wrote it: name that file and key.
+    where = (str(named_by), "extends") if named_by else (None, "TEMPLATE")
     problem = path_problem(str(path))  # the template's own path is echoed in tables, manifests, messages
     if problem:
-        where = (str(chain[-1]), "extends") if chain else (None, "TEMPLATE")
         raise ConfigError(Problem(problem, *where))
+    if named_by and not path.is_file():
+        raise ConfigError(Problem(f"{short(str(path))} not found", *where))
     resolved = path.resolve()
     if resolved in chain:
         loop = " -> ".join(str(p) for p in (*chain[chain.index(resolved) :], resolved))
@@ -78,7 +83,7 @@ def _load(path: Path, chain: tuple[Path, ...]) -> Template:
                     key="extends",
                 )
             )
-        parent = _load(Path(os.path.normpath(path.parent / extends)), (*chain, resolved))
+        parent = _load(Path(os.path.normpath(path.parent / extends)), (*chain, resolved), path)
     origins = dict(parent.origins) if parent else {}
     origins.update({key: str(path) for key in flatten(own)})
     for key in own:  # a section key itself (e.g. `cluster`) points at the last file that touched it

@@ -17,7 +17,7 @@ import math
 import os
 import re
 import tempfile
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -166,7 +166,16 @@ def dump_yaml(data: Any) -> str:
     JSON (JSON is valid YAML), strings plain when YAML reads them back as the same string, else JSON-
     quoted. `loads_yaml(dump_yaml(x)) == x` for str/int/float/bool/None/list/dict data (tested).
     """
-    return "".join(_emit(data, "")) if isinstance(data, dict) and data else _scalar(data) + "\n"
+    if isinstance(data, dict) and data:
+        return "".join(dump_yaml_item(key, value) for key, value in data.items())
+    return _scalar(data) + "\n"
+
+
+def dump_yaml_item(key: Any, value: Any) -> str:
+    """The text one top-level item contributes to `dump_yaml` of its mapping. Separate so a writer of
+    many configs that share sections (a sweep) can keep each shared section's text instead of
+    rendering it again (hpcrl.config.elements)."""
+    return "".join(_emit({key: value}, ""))
 
 
 def _emit(mapping: dict, indent: str):
@@ -233,8 +242,20 @@ def canonical_json(data: Any) -> str:
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def atomic_write(path: str | Path, text: str, *, fsync: bool = True) -> None:
-    """Write `text` to `path` so readers see the old file or the new one, never a half-written one.
+def canonical_json_joined(items: dict[str, str]) -> str:
+    """`canonical_json` of a mapping with string keys, given each value's canonical text: the same
+    characters, so a sweep's elements can reuse the text of every section they share (tested equal)."""
+    return "{" + ",".join(f"{_json_key(key)}:{items[key]}" for key in sorted(items)) + "}"
+
+
+@functools.lru_cache(maxsize=1024)
+def _json_key(key: str) -> str:
+    return canonical_json(key)
+
+
+def atomic_write(path: str | Path, text: str | Iterable[str], *, fsync: bool = True) -> None:
+    """Write `text` (or its pieces, written as they come: a large manifest is never one string) to
+    `path` so readers see the old file or the new one, never a half-written one.
 
     tmp file in the same directory -> fsync -> rename -> fsync the directory.
     """
@@ -243,7 +264,10 @@ def atomic_write(path: str | Path, text: str, *, fsync: bool = True) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as fh:
-            fh.write(text)
+            if isinstance(text, str):
+                fh.write(text)
+            else:
+                fh.writelines(text)
             if fsync:
                 fh.flush()
                 os.fsync(fh.fileno())

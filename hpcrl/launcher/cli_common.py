@@ -1,21 +1,42 @@
-"""Arguments shared by the template commands: TEMPLATE, `--<dotted.key> VALUE` overrides, --print_config.
+"""Arguments shared by the template commands: TEMPLATE, `--<dotted.key> VALUE` overrides, --print_config
+and --help-config.
 
-Every leaf of ExperimentConfig is an option (`--algorithm.lr 1e-6`, `--cluster.env '{A: b}'`). Values
-are read as YAML scalars/flow collections and checked like template values, all at once, each problem
-naming `command line` and the key. The raw text must be one line of printable text (the config text
-rule, hpcrl.config.text_rules) BEFORE YAML reads it: YAML would otherwise turn "a<newline>#b" into "a"
-and "a<newline>b" into "a b", silently running something other than what was typed.
+Every leaf of ExperimentConfig is an option (`--algorithm.lr 1e-6`, `--cluster.env '{A: b}'`), hidden from
+--help: ~120 keys listed there made `hpcrl submit --help` 400 lines long, each with jsonargparse's
+"(type: str)" beside its real type. --help names the mechanism; `--help-config [PREFIX]` prints every
+key with its type, default and docstring (hpcrl.config.reference). A mistyped key is refused by the CLI
+with the closest key (hpcrl.cli). Values are read as YAML scalars/flow collections and checked like
+template values, all at once, each problem naming `command line` and the key. The raw text must be one
+line of printable text (the config text rule, hpcrl.config.text_rules) BEFORE YAML reads it: YAML would
+otherwise turn "a<newline>#b" into "a" and "a<newline>b" into "a b", silently running something other
+than what was typed.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from typing import Any
 
 from hpcrl.config.experiment import ExperimentConfig
-from hpcrl.config.schema import TypeMismatch, check_value, describe, leaf_types
+from hpcrl.config.schema import TypeMismatch, check_value, leaf_types
 from hpcrl.config.text_rules import text_problem
 from hpcrl.errors import ConfigError, Problem
+
+OVERRIDES_HELP = """\
+--<dotted.key> VALUE  set any config key, e.g. --optim.lr 1e-5 --cluster.nodes 2 (VALUE is YAML);
+                      every key with its type, default and meaning: --help-config [PREFIX]"""
+
+
+class HelpConfigAction(argparse.Action):
+    """`--help-config [PREFIX]`: print the config reference (all keys, or those under PREFIX) and exit 0,
+    like --help (no template needed)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        from hpcrl.config.reference import reference
+
+        sys.stdout.write(reference(values or ""))
+        parser.exit(0)
 
 
 def add_template_arguments(parser) -> None:
@@ -27,10 +48,18 @@ def add_template_arguments(parser) -> None:
         default=None,
         help="Print the resolved config (the first element of a sweep) as YAML and exit.",
     )
-    for key, hint in leaf_types(ExperimentConfig).items():
-        parser.add_argument(
-            f"--{key}", type=str, default=None, metavar="VALUE", help=f"Override {key} ({describe(hint)})."
-        )
+    parser.add_argument(
+        "--help-config",
+        nargs="?",
+        const="",
+        default=argparse.SUPPRESS,
+        metavar="PREFIX",
+        action=HelpConfigAction,
+        help="List every config key (or those under PREFIX) with its type, default and meaning; exit.",
+    )
+    overrides = parser.add_argument_group("config keys", OVERRIDES_HELP)
+    for key in leaf_types(ExperimentConfig):
+        overrides.add_argument(f"--{key}", type=str, default=None, help=argparse.SUPPRESS)
 
 
 def overrides_from(args) -> dict[str, Any]:
@@ -74,7 +103,5 @@ def print_config_if_asked(args, sweep) -> bool:
     """--print_config: write the first element's resolved config to stdout; True if it did."""
     if args.print_config is None:
         return False
-    from hpcrl.config.yaml_io import dump_yaml
-
-    sys.stdout.write(dump_yaml(sweep.elements[0].data))
+    sys.stdout.write(sweep.elements[0].yaml_text())
     return True

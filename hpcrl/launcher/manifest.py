@@ -2,13 +2,15 @@
 
 One JSON file, `<sweep dir>/manifest.json`, always replaced atomically (tmp + fsync + rename), so a
 crash or a failed submission never leaves it half-written. status / logs / cancel / resume read it.
-A resubmitted element keeps its earlier job ids in `attempts`.
+A resubmitted element keeps its earlier job ids in `attempts`. Each entry is one line of the file: a
+100,000-element manifest (~30 MB) is written as it is produced, and stays readable with grep.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +36,7 @@ RESUBMITTABLE = {
 FINAL = RESUBMITTABLE | {"COMPLETED"}
 
 
-@dataclass
+@dataclass(slots=True)
 class Entry:
     """One array element of the sweep."""
 
@@ -49,6 +51,9 @@ class Entry:
     """Last known state (NEW, DRY_RUN, SUBMIT_FAILED, then the scheduler's states)."""
     attempts: list[str] = field(default_factory=list)
     """Job ids of earlier attempts (before a resume)."""
+
+
+ENTRY_FIELDS = tuple(f.name for f in fields(Entry))
 
 
 @dataclass
@@ -71,7 +76,20 @@ class Manifest:
         return Path(self.sweep_dir) / MANIFEST
 
     def save(self) -> None:
-        atomic_write(self.path, json.dumps(asdict(self), indent=1))
+        atomic_write(self.path, self._json_lines())
+
+    def _json_lines(self) -> Iterator[str]:
+        """The manifest as JSON: one field per line, one entry per line (json's `indent` mode is pure
+        Python, and `asdict` copies every entry first: together ~1 s per save of 100,000 entries)."""
+        yield "{\n"
+        for f in fields(self):
+            if f.name != "entries":
+                yield f"{json.dumps(f.name)}: {json.dumps(getattr(self, f.name))},\n"
+        yield '"entries": [\n'
+        for i, entry in enumerate(self.entries):
+            line = json.dumps({name: getattr(entry, name) for name in ENTRY_FIELDS})
+            yield f",{line}\n" if i else f"{line}\n"
+        yield "]\n}\n"
 
     def entry(self, index: int) -> Entry:
         if not 0 <= index < len(self.entries):

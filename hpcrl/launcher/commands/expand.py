@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 from hpcrl.launcher.cli_common import add_template_arguments, overrides_from, print_config_if_asked
 
@@ -16,26 +17,38 @@ def add_arguments(parser) -> None:
     )
 
 
+TABLE_ROWS = 1000
+"""Largest sweep shown as a rich table; a larger one is printed as aligned plain lines, one per element,
+as it is made (rich lays out a whole table in memory first: minutes and ~GBs for 100,000 rows)."""
+
+
 def main(args) -> int:
     from hpcrl.config.resolve import resolve
+    from hpcrl.progress import DelayedProgress
 
-    sweep = resolve(args.template, overrides_from(args))
+    with DelayedProgress() as track:
+        sweep = resolve(args.template, overrides_from(args), track=track)
     if print_config_if_asked(args, sweep):
         return 0
     if args.json:
         for e in sweep.elements:
-            print(
-                json.dumps(
-                    {
-                        "index": e.index,
-                        "config_id": e.config_id,
-                        "swept": e.swept,
-                        "run_dir": str(e.run_dir),
-                        "config": e.data,
-                    }
-                )
-            )
+            record = {
+                "index": e.index,
+                "config_id": e.config_id,
+                "swept": e.swept,
+                "run_dir": str(e.run_dir),
+                "config": e.data,
+            }
+            sys.stdout.write(json.dumps(record) + "\n")
         return 0
+    if len(sweep.elements) > TABLE_ROWS:
+        _print_lines(sweep)
+    else:
+        _print_table(sweep)
+    return 0
+
+
+def _print_table(sweep) -> None:
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
@@ -47,4 +60,22 @@ def main(args) -> int:
     for e in sweep.elements:
         table.add_row(str(e.index), e.config_id, *(Text(str(e.swept.get(k, ""))) for k in sweep.keys))
     Console(width=200).print(table)
-    return 0
+
+
+def _print_lines(sweep) -> None:
+    """The same columns as plain aligned text, each line written when its element is made. The widths
+    come from the plan (every value a key takes), so no element is made twice. Values are printable
+    text already (the config text rule): written as they are."""
+    n = len(sweep.elements)
+    widths = [len(str(n - 1)), len(sweep.elements.ids[0])]
+    widths += [max(len(key), *(len(str(v)) for v in sweep.plan.values(key))) for key in sweep.keys]
+    print(f"{sweep.template}: {n} config(s)")
+    print(_line(("index", "id", *sweep.keys), widths))
+    for e in sweep.elements:
+        sys.stdout.write(
+            _line((e.index, e.config_id, *(e.swept.get(k, "") for k in sweep.keys)), widths) + "\n"
+        )
+
+
+def _line(cells, widths: list[int]) -> str:
+    return "  ".join(f"{cell!s:<{width}}" for cell, width in zip(cells, widths, strict=True)).rstrip()

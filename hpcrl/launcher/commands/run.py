@@ -27,8 +27,10 @@ def main(args) -> int:
     from hpcrl.launcher import local, sweeps
     from hpcrl.launcher.element import run_element
     from hpcrl.lifecycle import Lifecycle
+    from hpcrl.progress import DelayedProgress
 
-    sweep = resolve(args.template, overrides_from(args))
+    with DelayedProgress() as track:
+        sweep = resolve(args.template, overrides_from(args), track=track)
     if print_config_if_asked(args, sweep):
         return 0
     if args.index is None and len(sweep.elements) > 1:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.launcher.cli_common import add_template_arguments, overrides_from, print_config_if_asked
+from hpcrl.progress import Track, untracked
 
 HELP = "Submit a template's sweep as array job(s) (non-blocking); --dry-run renders the sbatch script only."
 
@@ -22,7 +23,10 @@ def add_arguments(parser) -> None:
         "--dry-run", action="store_true", help="Write configs and sbatch script(s); submit nothing."
     )
     parser.add_argument(
-        "--sweep_dir", type=str, default=None, help="Sweep directory (default: under run_root)."
+        "--sweep_dir",
+        type=str,
+        default=None,
+        help="Sweep directory to create; null: a new one under <run_root>/<name>/sweeps/.",
     )
     parser.add_argument(
         "--ignore_memory_plan",
@@ -31,7 +35,7 @@ def add_arguments(parser) -> None:
     )
 
 
-def memory_preflight(sweep) -> list[Problem]:
+def memory_preflight(sweep, track: Track = untracked) -> list[Problem]:
     """Elements that the memory planner (hpcrl.plan) predicts not to fit, as problems (exit 2).
 
     An element whose model dims can't be read here (an `hf_path` that exists only on the cluster) is
@@ -39,7 +43,7 @@ def memory_preflight(sweep) -> list[Problem]:
     from hpcrl.plan.memory import ModelDimsUnavailable, predict
 
     problems: list[Problem] = []
-    for element in sweep.elements:
+    for element in track(sweep.elements, len(sweep.elements), "memory plan"):
         try:
             plan = predict(element.config)
         except ModelDimsUnavailable as err:
@@ -51,28 +55,36 @@ def memory_preflight(sweep) -> list[Problem]:
 
 
 def main(args) -> int:
+    from hpcrl.progress import DelayedProgress
+
+    with DelayedProgress() as track:
+        return _submit(args, track)
+
+
+def _submit(args, track: Track) -> int:
+    """Check everything (nothing is written on a problem), then write the sweep and submit or render it."""
     from hpcrl.config.resolve import resolve
     from hpcrl.launcher import slurm, sweeps
 
     overrides = overrides_from(args)
-    sweep = resolve(args.template, overrides)
+    sweep = resolve(args.template, overrides, track=track)
     if print_config_if_asked(args, sweep):
         return 0
     sweep_dir, key = _sweep_dir(args, sweep)
     if not args.ignore_memory_plan:
-        problems = memory_preflight(sweep)
+        problems = memory_preflight(sweep, track)
         if problems:
             problems.append(Problem("see `hpcrl plan TEMPLATE`; --ignore_memory_plan submits anyway"))
             raise ConfigError(problems)
     executor = sweep.elements[0].config.cluster.executor
     if args.dry_run:
-        return _dry_run(sweep, sweep_dir, key, overrides)
+        return _dry_run(sweep, sweep_dir, key, overrides, track)
     # Ask the controller first: when Slurm is unreachable nothing is written at all.
     limit = slurm.max_array_size() if executor == "slurm" else None
     with sweeps.writing(sweep_dir, key):
-        manifest = sweeps.prepare(sweep, sweep_dir, overrides)
+        manifest = sweeps.prepare(sweep, sweep_dir, overrides, track=track)
     print(f"sweep: {sweep_dir}", flush=True)
-    sweeps.submit_elements(manifest, sweep.elements, limit)
+    sweeps.submit_elements(manifest, track(sweep.elements, len(sweep.elements), "planning arrays"), limit)
     for array in manifest.arrays:
         print(f"submitted {executor} job {array['job_id']}: {len(array['indices'])} element(s)")
     print(f"next: hpcrl status {sweep_dir}")
@@ -93,7 +105,7 @@ def _sweep_dir(args, sweep) -> tuple[Path, str]:
     return sweep_dir, key
 
 
-def _dry_run(sweep, sweep_dir: Path, key: str, overrides: dict) -> int:
+def _dry_run(sweep, sweep_dir: Path, key: str, overrides: dict, track: Track) -> int:
     """Write configs, manifest and every array job's script inside `sweep_dir`; print every script."""
     from hpcrl.launcher import slurm, sweeps
 
@@ -101,16 +113,13 @@ def _dry_run(sweep, sweep_dir: Path, key: str, overrides: dict) -> int:
         limit = slurm.max_array_size()
     except Exception:  # noqa: BLE001 - a dry run must work without a reachable controller
         limit = slurm.DEFAULT_MAX_ARRAY_SIZE
+    elements = len(sweep.elements)
     with sweeps.writing(sweep_dir, key):
-        manifest = sweeps.prepare(sweep, sweep_dir, overrides, dry_run=True)
-        for entry in manifest.entries:
-            entry.state = "DRY_RUN"
-        manifest.save()
-        scripts = sweeps.render_scripts(sweep, manifest, limit, sys.executable)
+        sweeps.prepare(sweep, sweep_dir, overrides, dry_run=True, track=track)
+        arrays = slurm.plan_arrays(track(sweep.elements, elements, "planning arrays"), sweep.name, limit)
+        scripts = sweeps.render_scripts(arrays, sweep_dir, sys.executable)
     print(f"sweep: {sweep_dir}")
-    print(
-        f"dry run: {len(sweep.elements)} config(s) written, {len(scripts)} sbatch script(s), nothing submitted"
-    )
+    print(f"dry run: {elements} config(s) written, {len(scripts)} sbatch script(s), nothing submitted")
     for path, indices in scripts:
         print(f"# {path} (indices {indices[0]}..{indices[-1]})")
     for path, _ in scripts:
