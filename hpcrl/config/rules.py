@@ -76,7 +76,7 @@ def check_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
                 "(cluster.gpus_per_node / cluster.gres); use auto (megatron on GPUs, torch on CPU) or torch",
             )
         )
-    if gpus:
+    if gpus > 0:  # a negative count is cluster.gpus_per_node's own rule
         total = gpus * cl.nodes
         if cl.tasks_per_node != gpus:
             out.append(

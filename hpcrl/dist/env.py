@@ -316,6 +316,27 @@ def resolve_backend(backend: str) -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
+def check_backend_here(backend: str) -> None:
+    """One line, before any group forms, when this node cannot run the backend the config asks for
+    (otherwise NCCL on a CPU node dies minutes later in a 44-line traceback per rank)."""
+    import torch
+    import torch.distributed as dist
+
+    if backend != "nccl":
+        return
+    missing = [what for what, ok in (("CUDA", torch.cuda.is_available()), ("NCCL", dist.is_nccl_available())) if not ok]
+    if missing:
+        raise ConfigError(
+            [
+                Problem(
+                    f"backend nccl needs {' and '.join(missing)}, which this node ({socket.gethostname()}) "
+                    f"lacks (torch {torch.__version__}); use auto (gloo without GPUs) or a GPU node",
+                    key="parallel.backend",
+                )
+            ]
+        )
+
+
 def init_process_group(
     env: DistEnv, backend: str = "auto", timeout_s: float = 300.0
 ) -> torch.distributed.ProcessGroup:
@@ -328,6 +349,7 @@ def init_process_group(
     import torch.distributed as dist
 
     backend = resolve_backend(backend)
+    check_backend_here(backend)
     if torch.cuda.is_available():
         torch.cuda.set_device(env.local_rank % torch.cuda.device_count())
     timeout = timedelta(seconds=timeout_s)

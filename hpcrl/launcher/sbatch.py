@@ -117,7 +117,35 @@ def check_cluster(cluster: ClusterConfig) -> list[tuple[str, str]]:
             out.append(("cluster.modules", f"{short(module)} is not a module name"))
     if cluster.container is not None and not _MODULE_NAME.fullmatch(cluster.container):
         out.append(("cluster.container", f"{short(cluster.container)} is not an image reference"))
-    return out
+    return out + _range_problems(cluster)
+
+
+def _range_problems(cluster: ClusterConfig) -> list[tuple[str, str]]:
+    """Numbers sbatch would take as given (`--mem=-10GB`) or that break the job's own schedule: the
+    warning signal must come inside the time limit, or the job is told to save and stop the moment it
+    starts (USR2@300 on a 1-minute job was killed after 8 s, FAILED)."""
+    limit_s = cluster.time_min * 60
+    rules = [
+        ("cluster.gpus_per_node", cluster.gpus_per_node >= 0, f"must be >= 0, got {cluster.gpus_per_node}"),
+        (
+            "cluster.mem_gb",
+            cluster.mem_gb is None or cluster.mem_gb > 0,
+            f"must be > 0 (or null: the partition's default), got {cluster.mem_gb}",
+        ),
+        (
+            "cluster.signal_delay_s",
+            cluster.signal_delay_s >= 0,
+            f"must be >= 0, got {cluster.signal_delay_s}",
+        ),
+        (
+            "cluster.signal_delay_s",
+            cluster.signal_delay_s < 0 or cluster.time_min < 1 or cluster.signal_delay_s < limit_s,
+            f"the warning signal {cluster.signal_delay_s} s before the end must come after the start: "
+            f"below cluster.time_min = {cluster.time_min} min = {limit_s} s",
+        ),
+        ("cluster.stop_grace_s", cluster.stop_grace_s >= 0, f"must be >= 0, got {cluster.stop_grace_s}"),
+    ]
+    return [(key, message) for key, ok, message in rules if not ok]
 
 
 def job_name(name: str) -> str:

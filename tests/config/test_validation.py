@@ -5,6 +5,8 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from hpcrl import cli
 from hpcrl.errors import MESSAGE_CHARS, WHERE_CHARS, ConfigError, Problem, short
 
@@ -95,3 +97,21 @@ def test_a_problem_is_bounded_and_on_one_line_whatever_it_quotes():
     assert len(short("y" * 1_000_000)) < 200 and short(list(range(1_000_000))).endswith("...]")
     many = ConfigError([Problem(f"p{i}") for i in range(500)])
     assert len(many.problems) == 500 and str(many).endswith("... and 450 more problem(s)")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["--cluster.signal_delay_s", "300", "--cluster.time_min", "1"], "cluster.signal_delay_s"),
+        (["--cluster.signal_delay_s", "-5"], "cluster.signal_delay_s"),
+        (["--cluster.mem_gb", "-10"], "cluster.mem_gb"),
+        (["--cluster.gpus_per_node", "-3"], "cluster.gpus_per_node"),
+        (["--cluster.stop_grace_s", "-1"], "cluster.stop_grace_s"),
+    ],
+)
+def test_cluster_numbers_sbatch_would_take_are_refused_at_expand(overrides, key, capsys):
+    """Issue 12: `--mem=-10GB` reached sbatch, and USR2@300 on a 1-minute job killed it after 8 s."""
+    template = Path(__file__).resolve().parents[2] / "templates" / "grpo_tiny.yaml"
+    assert cli.main(["expand", str(template), *overrides]) == 2
+    problems = [line for line in capsys.readouterr().err.splitlines() if line.startswith("  - ")]
+    assert [p.split(":")[1] for p in problems] == [key], problems

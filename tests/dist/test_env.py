@@ -194,3 +194,19 @@ def test_scontrol_expands_nodelists_and_resolves_fake_nodes(slurm_cluster):
 
 def _without_launcher_vars(environ) -> dict[str, str]:
     return {k: v for k, v in environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC_"))}
+
+
+def test_nccl_on_a_node_without_cuda_is_one_config_error_before_any_group():
+    """Issue 12: a job asking for NCCL on a CPU node used to die minutes in, 44 traceback lines per rank."""
+    import torch
+
+    from hpcrl.dist.env import check_backend_here
+    from hpcrl.errors import ConfigError
+
+    check_backend_here("gloo")
+    if torch.cuda.is_available():
+        pytest.skip("this node has CUDA: nccl is fine here")
+    with pytest.raises(ConfigError) as err:
+        check_backend_here("nccl")
+    [problem] = err.value.problems
+    assert problem.key == "parallel.backend" and "needs CUDA" in problem.message and "\n" not in str(problem)
