@@ -26,7 +26,7 @@ from hpcrl.config.resolve import ResolvedConfig, Sweep
 from hpcrl.config.text_rules import path_problem
 from hpcrl.errors import ClusterError, ConfigError, Problem
 from hpcrl.launcher import local, slurm
-from hpcrl.launcher.manifest import FINAL, RESUBMITTABLE, Entry, Manifest
+from hpcrl.launcher.manifest import FINAL, MANIFEST, RESUBMITTABLE, Entry, Manifest, load_manifest
 from hpcrl.progress import Track, untracked
 
 CONFIG_FILE = "config.yaml"
@@ -44,6 +44,29 @@ def sweep_dir_problems(sweep_dir: Path, key: str) -> list[Problem]:
         "has a '%', which Slurm reads as a file name pattern" if "%" in text else None
     )
     return [Problem(problem, key=key)] if problem else []
+
+
+def existing_sweep_problems(sweep_dir: Path, key: str, force: bool) -> list[Problem]:
+    """A second submit into a sweep directory used to replace its manifest silently, and the first
+    sweep's jobs were tracked no more. A directory holding a submitted sweep is refused unless `force`;
+    a dry run's may be reused (nothing runs from it)."""
+    if force or not (sweep_dir / MANIFEST).exists():
+        return []
+    try:
+        manifest = load_manifest(sweep_dir)
+    except ConfigError:
+        return [
+            Problem(f"{sweep_dir} holds a manifest.json that does not load; --force replaces it", key=key)
+        ]
+    if all(e.state == "DRY_RUN" for e in manifest.entries):
+        return []
+    return [
+        Problem(
+            f"{sweep_dir} holds a submitted sweep ({len(manifest.entries)} element(s)), which `hpcrl status` "
+            "and `hpcrl resume` track: choose another --sweep_dir, or --force to replace its manifest",
+            key=key,
+        )
+    ]
 
 
 @contextlib.contextmanager

@@ -80,6 +80,16 @@ def test_local_sweep_is_non_blocking_and_reports_status(tmp_path, capsys):
     assert cli.main(["logs", str(sweep_dir), "1"]) == 0
     assert "1.log" in capsys.readouterr().out
 
+    # issue 12: a second submit into the same sweep dir used to replace the manifest silently
+    before = (sweep_dir / "manifest.json").read_bytes()
+    assert cli.main(["submit", str(template), "--sweep_dir", str(sweep_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "--sweep_dir" in err and "holds a submitted sweep" in err and "--force" in err, err
+    assert (sweep_dir / "manifest.json").read_bytes() == before
+    dry = tmp_path / "dry"  # a dry run's directory may be reused
+    for _ in range(2):
+        assert cli.main(["submit", str(template), "--sweep_dir", str(dry), "--dry-run"]) == 0
+
 
 @pytest.mark.dist
 def test_local_cancel_stops_running_and_pending_elements(tmp_path, capsys):

@@ -29,6 +29,11 @@ def add_arguments(parser) -> None:
         help="Sweep directory to create; null: a new one under <run_root>/<name>/sweeps/.",
     )
     parser.add_argument(
+        "--force",
+        action="store_true",
+        help="Submit into a --sweep_dir that already holds a submitted sweep (its manifest is replaced).",
+    )
+    parser.add_argument(
         "--ignore_memory_plan",
         action="store_true",
         help="Submit even when `hpcrl plan` predicts an element does not fit its device memory.",
@@ -99,7 +104,9 @@ def _sweep_dir(args, sweep) -> tuple[Path, str]:
         sweep_dir, key = Path(args.sweep_dir).absolute(), "--sweep_dir"
     else:
         sweep_dir, key = sweeps.default_sweep_dir(sweep), "run_root"
-    problems = sweeps.sweep_dir_problems(sweep_dir, key)
+    problems = sweeps.sweep_dir_problems(sweep_dir, key) or sweeps.existing_sweep_problems(
+        sweep_dir, key, args.force
+    )
     if problems:
         raise ConfigError(problems)
     return sweep_dir, key
