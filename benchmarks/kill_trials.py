@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.results import Record, write_records  # noqa: E402
-from hpcrl.ckpt.commit import read_latest  # noqa: E402
+from hpcrl.ckpt.commit import committed, read_latest  # noqa: E402
 from hpcrl.ckpt.load import load_checkpoint  # noqa: E402
 from hpcrl.ckpt.manifest import read_manifest  # noqa: E402
 from hpcrl.ckpt.shards import ShardSpec  # noqa: E402
@@ -97,7 +97,7 @@ def latest_is_sound(root: Path) -> bool:
     """`latest` is absent with nothing committed yet (a kill before the first save), or names a committed
     checkpoint that verifies."""
     if not (root / "latest").exists():
-        return not any(p.is_dir() and p.name.isascii() and p.name[5:].isdigit() for p in root.glob("step_*"))
+        return not committed(root)
     path = read_latest(root)
     if path is None:
         return False
