@@ -37,7 +37,7 @@ from hpcrl.ckpt.load import load_checkpoint
 from hpcrl.ckpt.manifest import read_manifest
 from hpcrl.ckpt.shards import ShardedTensor, ShardSpec
 from hpcrl.ckpt.state import RunState
-from hpcrl.dist.spawn import run_ranks
+from hpcrl.distributed.spawn import run_ranks
 
 MIB = 1 << 20
 

@@ -56,7 +56,7 @@ def model_dims(hidden: int) -> SimpleNamespace:
 
 
 def _layout(pair):
-    from hpcrl.dist.layout import ParallelLayout
+    from hpcrl.distributed.layout import ParallelLayout
 
     t, p, d, t_g, p_g = pair
     return ParallelLayout(tensor=t, pipeline=p, data=d, rollout_tensor=t_g, rollout_pipeline=p_g)
@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pairs", default="all", help="'headline' runs only t=4,p=2->t_g=2,p_g=1")
     args = parser.parse_args(argv)
 
-    from hpcrl.dist.spawn import run_ranks
+    from hpcrl.distributed.spawn import run_ranks
 
     pairs = [HEADLINE] if args.pairs == "headline" else PAIRS
     bucket_bytes = int(args.bucket_mb * 2**20)

@@ -39,7 +39,7 @@ def bench_rank(rank: int, world: int, hidden: int, reps: int) -> dict:
     import torch
     import torch.distributed as dist
 
-    from hpcrl.dist.layout import ParallelLayout
+    from hpcrl.distributed.layout import ParallelLayout
     from hpcrl.reshard.build import ENGINE_FAMILIES
     from hpcrl.reshard.engine import HybridEngine
     from hpcrl.reshard.generation import GenerationStore
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hidden", type=int, default=256, help="model width (vocab 16x, ffn 4x, 8 layers)")
     args = parser.parse_args(argv)
 
-    from hpcrl.dist.spawn import run_ranks
+    from hpcrl.distributed.spawn import run_ranks
 
     results = run_ranks(bench_rank, 4, args.hidden, args.reps, timeout_s=600)
     per_rep = {

@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def megatron_column(args, cfg, model, prompts: list[list[int]], t_g: int) -> list[float]:
     """Tokens/s samples of the megatron engine at generation TP t_g on the HF model's weights."""
-    from hpcrl.dist.spawn import run_ranks
+    from hpcrl.distributed.spawn import run_ranks
 
     hf_sd = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
     results = run_ranks(megatron_side, t_g, cfg, hf_sd, prompts, args.new_tokens, args.reps, timeout_s=600)
@@ -170,7 +170,7 @@ def megatron_side(
     rank: int, world: int, cfg, hf_sd: dict, prompts, new_tokens: int, reps: int
 ) -> list[float]:
     """One rank of a generation TP group of `world` ranks: load the weights, warm up, time `reps` calls."""
-    from hpcrl.dist.layout import ParallelLayout
+    from hpcrl.distributed.layout import ParallelLayout
     from hpcrl.rollout.base import SamplingParams, row_seeds
     from hpcrl.rollout.megatron_engine import MegatronRolloutEngine
     from hpcrl.train import hf_convert

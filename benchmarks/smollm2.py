@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     converted = smollm2.convert_to_hf(Path(args.cache_dir))
     loaded = f"gguf read + dequantized in {converted.load_s:.1f} s" if converted.load_s else "cached"
     print(f"smollm2: HF dir {converted.hf_dir} ({converted.params / 1e6:.1f}M params), {loaded}")
-    from hpcrl.dist.spawn import run_ranks
+    from hpcrl.distributed.spawn import run_ranks
 
     (check,) = run_ranks(smollm2.logits_max_abs_delta, 1, str(converted.hf_dir), CHECK_PROMPTS)
     print(

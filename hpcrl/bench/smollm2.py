@@ -138,7 +138,7 @@ def write_addition_jsonl(path: Path, count: int, seed: int = 0) -> Path:
 def logits_max_abs_delta(rank: int, world_size: int, hf_dir: str, prompts: list[str]) -> dict:
     """Max |logits(megatron GPTModel) - logits(HF eager)| over the prompts' real tokens, fp32, TP=1.
 
-    A rank function (run it with hpcrl.dist.spawn.run_ranks(fn, 1, ...)): megatron needs a process group.
+    A rank function (run it with hpcrl.distributed.spawn.run_ranks(fn, 1, ...)): megatron needs a process group.
     Prompts are left-padded into one batch, which also checks the padding mask."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -2,7 +2,7 @@
 
 A tensor annotated {"tp": 0, "pp": 1} is split evenly on dim 0 across the t tensor-parallel ranks and
 on dim 1 across the p pipeline stages; axes it does not name replicate it. Rank order is the training
-order of hpcrl.dist.layout.ParallelLayout (tp fastest, then pp, then dp). An axis whose size does not
+order of hpcrl.distributed.layout.ParallelLayout (tp fastest, then pp, then dp). An axis whose size does not
 divide the dim is an impossible layout: `layout_problems` names the first such tensor.
 """
 
@@ -12,7 +12,7 @@ import re
 
 from hpcrl.ckpt.manifest import Manifest
 from hpcrl.ckpt.shards import ShardSpec
-from hpcrl.dist.layout import ParallelLayout
+from hpcrl.distributed.layout import ParallelLayout
 
 _LAYOUT = re.compile(r"^\s*t=(\d+)\s*,\s*p=(\d+)\s*,\s*d=(\d+)\s*$")
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from hpcrl.ckpt.config import CheckpointConfig
 from hpcrl.data.config import DataConfig
-from hpcrl.dist.config import ParallelConfig
+from hpcrl.distributed.config import ParallelConfig
 from hpcrl.launcher.config import ClusterConfig
 from hpcrl.metrics.config import LoggingConfig
 from hpcrl.rewards.config import RewardConfig

@@ -104,7 +104,7 @@ def check_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
 def _model_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
     """The layout's divisibility rules for the model (ParallelLayout owns them: heads, kv heads vs t and
     t_g, vocab, ffn, layers) and whether the rollout engine can run the generation layout."""
-    from hpcrl.dist.layout import ParallelLayout, model_problems
+    from hpcrl.distributed.layout import ParallelLayout, model_problems
     from hpcrl.errors import ConfigError
     from hpcrl.rollout.engine_rule import EngineFacts, resolve_engine
 

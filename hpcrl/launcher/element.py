@@ -2,7 +2,7 @@
 (rank 0), form the process group, call the experiment's entrypoint `fn(cfg, run_dir, lifecycle=...)`.
 
 The process group is always formed (world 1 included) from the launcher's environment through
-`hpcrl.dist.env` (Slurm srun, torchrun-style variables from the local executor, or a single process),
+`hpcrl.distributed.env` (Slurm srun, torchrun-style variables from the local executor, or a single process),
 so an entrypoint never sets up distribution itself.
 
 One writer per run: group rank 0 holds the writer lock of the run directory (and of the checkpoint root
@@ -54,7 +54,7 @@ from hpcrl.lifecycle import REQUEUE_SIGNAL, Lifecycle
 
 if TYPE_CHECKING:
     from hpcrl.config.experiment import ExperimentConfig
-    from hpcrl.dist.env import DistEnv
+    from hpcrl.distributed.env import DistEnv
 
 LAUNCHER_STATE = "launcher.json"
 
@@ -91,7 +91,7 @@ def _write_state(run_dir: Path, **fields: Any) -> None:
 def run_element(config_path: str | Path, run_dir: str | Path, lifecycle: Lifecycle | None = None) -> Any:
     """Run this rank of one element; returns the entrypoint's result. `lifecycle`: the caller's, to read
     how the run ended (e.g. `interrupted_by`); by default one for this process."""
-    from hpcrl.dist.env import DistEnv
+    from hpcrl.distributed.env import DistEnv
 
     run_dir = Path(run_dir)
     cfg = load_resolved(config_path)
@@ -160,7 +160,7 @@ def _run_in_group(
 ) -> Any:
     import torch.distributed as dist
 
-    from hpcrl.dist.env import init_process_group
+    from hpcrl.distributed.env import init_process_group
 
     init_process_group(env, cfg.parallel.backend, cfg.parallel.timeout_s)
     try:

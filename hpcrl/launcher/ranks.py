@@ -178,7 +178,7 @@ def start_ranks(
     config_path: str, run_dir: str, world: int, extra_env: dict[str, str], log: IO[bytes] | None
 ) -> Ranks:
     """Start the W ranks of one element (`python -m hpcrl.launcher.element CONFIG RUN_DIR`)."""
-    from hpcrl.dist.spawn import free_port
+    from hpcrl.distributed.spawn import free_port
 
     port = free_port()
     error_dir = Path(tempfile.mkdtemp(prefix="hpcrl-ranks-"))

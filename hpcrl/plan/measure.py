@@ -156,6 +156,6 @@ def _cuda_peak(trainer, batch, steps: int, baseline_rss: int) -> dict:
 
 def measure_update_peak(cfg: ExperimentConfig, steps: int = 2) -> list[dict]:
     """Per-rank peaks of `steps` actor update steps under cfg's training layout (spawned gloo ranks)."""
-    from hpcrl.dist.spawn import run_ranks
+    from hpcrl.distributed.spawn import run_ranks
 
     return run_ranks(update_peak_rank, cfg.parallel.world_size, cfg, steps)

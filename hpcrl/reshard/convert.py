@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hpcrl.dist.layout import ParallelLayout, RolloutCoords
+from hpcrl.distributed.layout import ParallelLayout, RolloutCoords
 from hpcrl.train import hf_convert
 from hpcrl.train.config import ModelConfig
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hpcrl.dist.layout import ParallelLayout
+from hpcrl.distributed.layout import ParallelLayout
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.reshard.params import ParamMeta, Split
 

@@ -131,7 +131,7 @@ def make_groups(
     """
     import torch.distributed as dist
 
-    from hpcrl.dist.groups import new_group
+    from hpcrl.distributed.groups import new_group
 
     cache = {} if cache is None else cache
     me = dist.get_rank()

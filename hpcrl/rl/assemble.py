@@ -177,7 +177,7 @@ def _temperature(cfg: ExperimentConfig) -> float:
 
 def _build_actor_and_rollout(cfg: ExperimentConfig, tokenizer, pool: Pool, groups, rank: int, world: int):
     """Actor trainer + reshard engine + rollout engine on the actor pool; stand-ins elsewhere."""
-    from hpcrl.dist.layout import ParallelLayout
+    from hpcrl.distributed.layout import ParallelLayout
     from hpcrl.reshard.build import ENGINE_FAMILIES, build_reshard_engine
     from hpcrl.reshard.transport import make_groups
     from hpcrl.rl.handoff import build_rollout_side

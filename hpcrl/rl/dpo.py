@@ -154,7 +154,7 @@ class DPODriver:
 
 def dpo_problems(cfg: ExperimentConfig, world_size: int) -> list[Problem]:
     """Everything wrong with a DPO config, before any rank builds a model."""
-    from hpcrl.dist.layout import ParallelLayout
+    from hpcrl.distributed.layout import ParallelLayout
 
     algo = cfg.algorithm
     problems = []

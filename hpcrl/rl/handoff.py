@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hpcrl.dist.layout import ParallelLayout
+from hpcrl.distributed.layout import ParallelLayout
 from hpcrl.reshard.convert import rollout_weights
 from hpcrl.reshard.generation import GenerationStore
 from hpcrl.rollout.base import RolloutEngine

@@ -32,7 +32,7 @@ get minutes of wall-clock work from the real job at almost no CPU cost. Changes 
 
 def config_problems(cfg: ExperimentConfig, world_size: int) -> list[Problem]:
     """Rules across components that only the RL job knows (each Problem names its key)."""
-    from hpcrl.dist.layout import ParallelLayout
+    from hpcrl.distributed.layout import ParallelLayout
     from hpcrl.rl.assemble import placement_problems, rollout_engine_problems, training_world
 
     algo, rollout = cfg.algorithm, cfg.rollout

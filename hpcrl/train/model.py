@@ -3,7 +3,7 @@ or from an HF directory, with process groups passed explicitly.
 
 Parallel state: hpcrl does NOT call megatron's `parallel_state.initialize_model_parallel` (58 module
 globals). It builds its own groups (`build_train_groups`) with the training rank order of
-hpcrl.dist.layout.ParallelLayout, rank = offset + tp + t*(pp + p*dp) (tp fastest, then pp, then dp), and
+hpcrl.distributed.layout.ParallelLayout, rank = offset + tp + t*(pp + p*dp) (tp fastest, then pp, then dp), and
 passes them to megatron-core 0.16.1 through `ProcessGroupCollection` (`GPTModel(pg_collection=...)`),
 which its GPT path honours (tensor-parallel layers, transformer block layer offsets, rotary, embedding).
 Two process-wide megatron prerequisites remain and are set here: the scratch `GlobalMemoryBuffer` (used by
@@ -34,8 +34,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from hpcrl.dist.groups import new_group
-from hpcrl.dist.layout import ParallelLayout
+from hpcrl.distributed.groups import new_group
+from hpcrl.distributed.layout import ParallelLayout
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.train import hf_convert, megatron_compat
 from hpcrl.train.config import ModelConfig
@@ -111,7 +111,7 @@ def build_train_groups(
 ) -> TrainGroups | None:
     """Create the training groups of layout p-t-d on ranks [offset, offset + p*t*d).
 
-    Sizes are those of hpcrl.dist.layout.ParallelLayout (tensor, pipeline, data). Collective over the
+    Sizes are those of hpcrl.distributed.layout.ParallelLayout (tensor, pipeline, data). Collective over the
     WHOLE default group (torch's new_group rule): every rank calls it with the same arguments. Returns
     the calling rank's groups, or None when the rank is outside the block. `timeout_s` bounds every
     collective on these groups (a dead peer becomes an error, not a hang).

@@ -23,7 +23,7 @@ def hf_dir():
 
 
 def test_converted_model_is_smollm2_135m_and_megatron_logits_match_hf(hf_dir):
-    from hpcrl.dist.spawn import run_ranks
+    from hpcrl.distributed.spawn import run_ranks
 
     assert smollm2.convert_to_hf().params == 134_515_008  # SmolLM2-135M, tied embeddings
     prompts = ["Q: 12+7=19\nQ: 31+25=", "The capital of France is"]

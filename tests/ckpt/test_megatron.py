@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hpcrl.ckpt.export import export_hf
-from hpcrl.dist.spawn import run_ranks
+from hpcrl.distributed.spawn import run_ranks
 from tests.ckpt._megatron_fns import megatron_logits, resume_train, train_save_train
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]

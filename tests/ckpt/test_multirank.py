@@ -7,7 +7,7 @@ import pytest
 from hpcrl.ckpt.manifest import read_manifest
 from hpcrl.ckpt.partition import layout_problems, layout_specs, parse_layout
 from hpcrl.ckpt.verify import dataset_ranges
-from hpcrl.dist.spawn import run_ranks
+from hpcrl.distributed.spawn import run_ranks
 from tests.ckpt._model import global_tensors, rank_specs
 from tests.ckpt._rank_fns import (
     async_save_two_ranks,

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hpcrl.ckpt.trigger import SaveTrigger, parse_slurm_duration
-from hpcrl.dist.spawn import run_ranks
+from hpcrl.distributed.spawn import run_ranks
 from hpcrl.lifecycle import Lifecycle
 from tests.ckpt._rank_fns import nccl_save_collectives, trigger_agreement
 

@@ -35,11 +35,11 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from jsonargparse import ArgumentParser
 
+from hpcrl.cli import expand, submit
 from hpcrl.config.experiment import ExperimentConfig
 from hpcrl.config.schema import leaf_types, set_dotted
 from hpcrl.config.yaml_io import dump_yaml, loads_yaml
 from hpcrl.errors import ConfigError
-from hpcrl.launcher.commands import expand, submit
 
 MARK = "xQ9Zx"
 """Appended to hostile texts: a value holding it can be found in a script whatever else it holds."""

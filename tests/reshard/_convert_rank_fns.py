@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from hpcrl.dist.layout import ParallelLayout
+from hpcrl.distributed.layout import ParallelLayout
 from hpcrl.reshard.convert import hf_shard_to_megatron, rollout_weights
 from hpcrl.reshard.engine import HybridEngine
 from hpcrl.reshard.params import gpt_param_metas

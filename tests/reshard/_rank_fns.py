@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
-from hpcrl.dist.layout import ParallelLayout
+from hpcrl.distributed.layout import ParallelLayout
 from hpcrl.reshard.build import ENGINE_FAMILIES
 from hpcrl.reshard.engine import HybridEngine
 from hpcrl.reshard.naive import NaiveEngine

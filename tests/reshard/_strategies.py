@@ -7,7 +7,7 @@ import math
 import torch
 from hypothesis import strategies as st
 
-from hpcrl.dist.layout import ParallelLayout
+from hpcrl.distributed.layout import ParallelLayout
 from hpcrl.reshard.params import ParamMeta, Split
 
 

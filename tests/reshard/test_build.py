@@ -1,6 +1,6 @@
 import pytest
 
-from hpcrl.dist.layout import ParallelLayout
+from hpcrl.distributed.layout import ParallelLayout
 from hpcrl.errors import ConfigError
 from hpcrl.reshard.build import build_reshard_engine
 from hpcrl.reshard.engine import HybridEngine

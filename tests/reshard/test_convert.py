@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from hpcrl.dist.spawn import run_ranks
+from hpcrl.distributed.spawn import run_ranks
 from hpcrl.reshard.convert import hf_shard_to_megatron, megatron_shard_to_hf, vllm_shard
 from hpcrl.reshard.params import gpt_param_metas, shard_of
 from hpcrl.train import hf_convert

@@ -4,8 +4,8 @@ import time
 
 import pytest
 
-from hpcrl.dist.layout import ParallelLayout
-from hpcrl.dist.spawn import RankFailed, run_ranks
+from hpcrl.distributed.layout import ParallelLayout
+from hpcrl.distributed.spawn import RankFailed, run_ranks
 from hpcrl.reshard.params import gpt_param_metas, split_bytes_per_rank
 from tests.reshard._rank_fns import dying_rank, model_dims, reshard_pairs_rank
 

@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hpcrl.dist.layout import ParallelLayout
+from hpcrl.distributed.layout import ParallelLayout
 from hpcrl.errors import ConfigError
 from hpcrl.reshard.engine import assemble
 from hpcrl.reshard.params import ParamMeta, Split, gpt_param_metas, split_bytes_per_rank

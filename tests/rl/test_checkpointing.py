@@ -14,7 +14,7 @@ from hpcrl.ckpt.commit import read_latest
 from hpcrl.ckpt.manifest import read_manifest
 from hpcrl.config.experiment import ExperimentConfig
 from hpcrl.data.cursor import DataCursor, PromptSampler
-from hpcrl.dist.spawn import run_ranks
+from hpcrl.distributed.spawn import run_ranks
 from hpcrl.errors import ConfigError
 from hpcrl.rl.checkpointing import RLCheckpointing
 from hpcrl.rl.run_identity import load_or_create

@@ -9,7 +9,7 @@ import torch
 
 from hpcrl.data.preference import load_preference_splits, read_preference_jsonl, toy_pairs
 from hpcrl.data.tasks import Example
-from hpcrl.dist.spawn import run_ranks
+from hpcrl.distributed.spawn import run_ranks
 from hpcrl.errors import ConfigError
 from hpcrl.metrics.sinks import read_jsonl
 from hpcrl.rl.dpo import dpo_problems, pair_batch

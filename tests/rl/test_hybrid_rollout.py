@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcrl.dist.layout import ParallelLayout
-from hpcrl.dist.spawn import run_ranks
+from hpcrl.distributed.layout import ParallelLayout
+from hpcrl.distributed.spawn import run_ranks
 from hpcrl.metrics.sinks import read_jsonl
 from hpcrl.reshard.params import gpt_param_metas
 from hpcrl.reshard.planner import plan_rank

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from hpcrl.config.experiment import ExperimentConfig
-from hpcrl.dist.spawn import RankFailed, run_ranks
+from hpcrl.distributed.spawn import RankFailed, run_ranks
 from hpcrl.errors import ConfigError
 from hpcrl.metrics.sinks import read_jsonl
 from hpcrl.rl.job import config_problems

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcrl.dist.spawn import run_ranks
+from hpcrl.distributed.spawn import run_ranks
 from hpcrl.rl.assemble import placement_problems
 from tests.rl._job_ranks import tiny_config
 

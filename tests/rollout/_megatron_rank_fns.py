@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from hpcrl.dist.layout import ParallelLayout
+from hpcrl.distributed.layout import ParallelLayout
 from hpcrl.reshard.build import ENGINE_FAMILIES, build_reshard_engine
 from hpcrl.reshard.generation import GenerationStore
 from hpcrl.reshard.transport import make_groups

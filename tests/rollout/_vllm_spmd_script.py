@@ -57,7 +57,7 @@ def _push_through_reshard(engine, workdir: Path, rank: int) -> dict:
     from safetensors.torch import load_file
     from transformers import AutoConfig
 
-    from hpcrl.dist.layout import ParallelLayout
+    from hpcrl.distributed.layout import ParallelLayout
     from hpcrl.reshard.convert import rollout_weights
     from hpcrl.reshard.engine import HybridEngine
     from hpcrl.reshard.params import gpt_param_metas, shard_of

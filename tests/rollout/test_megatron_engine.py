@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hpcrl.dist.spawn import run_ranks
+from hpcrl.distributed.spawn import run_ranks
 from tests.rollout._megatron_rank_fns import generation_parity_rank
 
 pytestmark = pytest.mark.dist

@@ -141,7 +141,7 @@ def push_and_compare_rank(rank: int, world_size: int, workdir: str, python: str)
 
     from hpcrl.data.tasks import ALPHABET
     from hpcrl.data.tokenizer import build_char_tokenizer
-    from hpcrl.dist.layout import ParallelLayout
+    from hpcrl.distributed.layout import ParallelLayout
     from hpcrl.reshard.build import ENGINE_FAMILIES, build_reshard_engine
     from hpcrl.reshard.transport import make_groups
     from hpcrl.rollout.base import left_pad
@@ -200,7 +200,7 @@ def _vllm_or_skip() -> Path:
 @pytest.mark.slow
 @pytest.mark.dist
 def test_resharded_weights_reach_vllm_cpu_and_logprobs_match_the_trainer(tmp_path, record_property):
-    from hpcrl.dist.spawn import run_ranks
+    from hpcrl.distributed.spawn import run_ranks
 
     python = _vllm_or_skip()
     tick = time.perf_counter()

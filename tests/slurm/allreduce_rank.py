@@ -12,7 +12,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from hpcrl.dist.env import DistEnv, init_process_group
+from hpcrl.distributed.env import DistEnv, init_process_group
 
 
 def main() -> None:

@@ -5,7 +5,7 @@ and check `param.type() == 'torch.cuda.FloatTensor'` (see ../shared/FACTS.md). N
 needs a GPU, so for tests the names `torch.tensor` / `torch.zeros` inside those modules drop the
 `device` argument and `Tensor.type()` reports CUDA type names. Everything else (DDP, reduce-scatter,
 all-gather over gloo, the sharded AdamW step) is megatron's real code. Installed per process by
-`install()`; call it only in a rank spawned by hpcrl.dist.spawn.run_ranks (the patch dies with it).
+`install()`; call it only in a rank spawned by hpcrl.distributed.spawn.run_ranks (the patch dies with it).
 """
 
 from __future__ import annotations

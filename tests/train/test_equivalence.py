@@ -7,7 +7,7 @@ order, so t=2 is not bitwise); weights after an AdamW step: 1e-4 (Adam divides b
 import pytest
 import torch
 
-from hpcrl.dist.spawn import run_ranks
+from hpcrl.distributed.spawn import run_ranks
 from tests.train import _rank_fns as fns
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from hpcrl.dist.spawn import run_ranks
+from hpcrl.distributed.spawn import run_ranks
 from tests.train import _rank_fns as fns
 
 pytestmark = [pytest.mark.gpu, pytest.mark.dist]

@@ -63,7 +63,7 @@ def test_hf_state_dict_missing_a_tensor_names_it():
 
 @pytest.mark.dist
 def test_megatron_logits_equal_hf_eager_logits_with_every_parameter_random():
-    from hpcrl.dist.spawn import run_ranks
+    from hpcrl.distributed.spawn import run_ranks
     from tests.train._rank_fns import hf_parity
 
     (result,) = run_ranks(hf_parity, 1)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from hpcrl.dist.spawn import run_ranks
+from hpcrl.distributed.spawn import run_ranks
 from tests.train._rank_fns import compat_probe
 
 pytestmark = pytest.mark.dist

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hpcrl.dist.spawn import run_ranks
+from hpcrl.distributed.spawn import run_ranks
 from hpcrl.errors import ConfigError
 from hpcrl.train.config import OptimizerConfig
 from hpcrl.train.optimizer import resolve_backend

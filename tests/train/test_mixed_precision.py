@@ -19,7 +19,7 @@ from hpcrl.ckpt.load import load_checkpoint
 from hpcrl.ckpt.manifest import read_manifest
 from hpcrl.ckpt.megatron import load_into_trainer, model_extra, trainer_shards, trainer_specs
 from hpcrl.ckpt.state import RunState
-from hpcrl.dist.spawn import run_ranks
+from hpcrl.distributed.spawn import run_ranks
 from hpcrl.train.config import OptimizerConfig
 from hpcrl.train.model import build_train_groups, load_full_state_dict
 from hpcrl.train.trainer import build_policy_trainer

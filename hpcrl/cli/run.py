@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import os
 
+from hpcrl.cli.common import add_template_arguments, overrides_from, print_config_if_asked
 from hpcrl.errors import ConfigError, Problem
-from hpcrl.launcher.cli_common import add_template_arguments, overrides_from, print_config_if_asked
 
 HELP = "Run one resolved config of a template on this machine (foreground); prints the run dir first."
 

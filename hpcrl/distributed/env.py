@@ -324,7 +324,11 @@ def check_backend_here(backend: str) -> None:
 
     if backend != "nccl":
         return
-    missing = [what for what, ok in (("CUDA", torch.cuda.is_available()), ("NCCL", dist.is_nccl_available())) if not ok]
+    missing = [
+        what
+        for what, ok in (("CUDA", torch.cuda.is_available()), ("NCCL", dist.is_nccl_available()))
+        if not ok
+    ]
     if missing:
         raise ConfigError(
             [

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hpcrl.dist.env import (
+from hpcrl.distributed.env import (
     PORT_BASE,
     PORT_SPAN,
     DistEnv,
@@ -24,7 +24,7 @@ from hpcrl.dist.env import (
     scontrol_node_addr,
     tasks_on_node,
 )
-from hpcrl.dist.spawn import free_port
+from hpcrl.distributed.spawn import free_port
 from hpcrl.errors import ConfigError
 from tests.slurm.cluster import REPO_ROOT
 
@@ -200,7 +200,7 @@ def test_nccl_on_a_node_without_cuda_is_one_config_error_before_any_group():
     """Issue 12: a job asking for NCCL on a CPU node used to die minutes in, 44 traceback lines per rank."""
     import torch
 
-    from hpcrl.dist.env import check_backend_here
+    from hpcrl.distributed.env import check_backend_here
     from hpcrl.errors import ConfigError
 
     check_backend_here("gloo")

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from hpcrl.dist.config import ParallelConfig
-from hpcrl.dist.spawn import run_ranks
-from tests.dist._rank_fns import group_timeouts
+from hpcrl.distributed.config import ParallelConfig
+from hpcrl.distributed.spawn import run_ranks
+from tests.distributed._rank_fns import group_timeouts
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -22,16 +22,16 @@ def test_every_group_builder_applies_the_timeout(asked, expected):
 
 
 def test_no_module_creates_a_group_but_the_factory():
-    """Source rule: dist.new_group is called in hpcrl/dist/groups.py only."""
+    """Source rule: dist.new_group is called in hpcrl/distributed/groups.py only."""
     calls = [
         f"{path.relative_to(REPO)}:{n}"
         for path in (REPO / "hpcrl").rglob("*.py")
         for n, line in enumerate(path.read_text().splitlines(), 1)
         if re.search(r"\bdist\.new_group\(", line)
     ]
-    assert calls == ["hpcrl/dist/groups.py:" + str(_factory_line())]
+    assert calls == ["hpcrl/distributed/groups.py:" + str(_factory_line())]
 
 
 def _factory_line() -> int:
-    lines = (REPO / "hpcrl" / "dist" / "groups.py").read_text().splitlines()
+    lines = (REPO / "hpcrl" / "distributed" / "groups.py").read_text().splitlines()
     return next(n for n, line in enumerate(lines, 1) if "dist.new_group(" in line)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from hpcrl.launcher.cli_common import add_template_arguments, overrides_from, print_config_if_asked
+from hpcrl.cli.common import add_template_arguments, overrides_from, print_config_if_asked
 
 HELP = "Resolve a template (and its sweep) and print every element: index, config id, swept values."
 

@@ -20,7 +20,7 @@ def group_timeouts(rank: int, world: int, timeout_s: float | None) -> list[float
     """Every dist.new_group call made by hpcrl's group builders, with the timeout (seconds) it got."""
     import torch.distributed as dist
 
-    from hpcrl.dist.layout import ParallelLayout, create_groups
+    from hpcrl.distributed.layout import ParallelLayout, create_groups
     from hpcrl.reshard.transport import make_groups
     from hpcrl.train.model import build_generation_groups, build_train_groups
 

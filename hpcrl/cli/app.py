@@ -25,17 +25,17 @@ from hpcrl.errors import MESSAGE_CHARS, PROBLEMS_SHOWN, ClusterError, ConfigErro
 
 # subcommand -> module implementing it (see module docstring for the protocol)
 COMMANDS: dict[str, str] = {
-    "info": "hpcrl.env_info",
-    "expand": "hpcrl.launcher.commands.expand",
-    "submit": "hpcrl.launcher.commands.submit",
-    "run": "hpcrl.launcher.commands.run",
-    "status": "hpcrl.launcher.commands.status",
-    "logs": "hpcrl.launcher.commands.logs",
-    "cancel": "hpcrl.launcher.commands.cancel",
-    "resume": "hpcrl.launcher.commands.resume",
-    "ckpt": "hpcrl.ckpt.command",
-    "plan": "hpcrl.plan.command",
-    "bench": "hpcrl.bench.command",
+    "info": "hpcrl.cli.info",
+    "expand": "hpcrl.cli.expand",
+    "submit": "hpcrl.cli.submit",
+    "run": "hpcrl.cli.run",
+    "status": "hpcrl.cli.status",
+    "logs": "hpcrl.cli.logs",
+    "cancel": "hpcrl.cli.cancel",
+    "resume": "hpcrl.cli.resume",
+    "ckpt": "hpcrl.cli.ckpt",
+    "plan": "hpcrl.cli.plan",
+    "bench": "hpcrl.cli.bench",
 }
 
 DESCRIPTION = (

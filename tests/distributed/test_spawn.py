@@ -1,7 +1,7 @@
 import pytest
 
-from hpcrl.dist.spawn import RankFailed, run_ranks
-from tests.dist._rank_fns import all_reduce_rank, failing_rank
+from hpcrl.distributed.spawn import RankFailed, run_ranks
+from tests.distributed._rank_fns import all_reduce_rank, failing_rank
 
 pytestmark = pytest.mark.dist
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from hpcrl.launcher.cli_common import add_template_arguments, overrides_from
+from hpcrl.cli.common import add_template_arguments, overrides_from
 
 HELP = "Predict per-rank accelerator memory and host RAM of a template's configs (memory preflight)."
 

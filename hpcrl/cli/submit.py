@@ -10,8 +10,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from hpcrl.cli.common import add_template_arguments, overrides_from, print_config_if_asked
 from hpcrl.errors import ConfigError, Problem
-from hpcrl.launcher.cli_common import add_template_arguments, overrides_from, print_config_if_asked
 from hpcrl.progress import Track, untracked
 
 HELP = "Submit a template's sweep as array job(s) (non-blocking); --dry-run renders the sbatch script only."

@@ -24,13 +24,12 @@ TP/PP groups take ranks at strides: e.g. t=4,d=2 -> t_g=2 gives generation TP gr
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from hpcrl.errors import ConfigError, Problem
 
 if TYPE_CHECKING:
-    from hpcrl.dist.config import ParallelConfig
+    from hpcrl.distributed.config import ParallelConfig
 
 
 class TrainCoords(NamedTuple):
@@ -332,7 +331,9 @@ def create_groups(layout: ParallelLayout, timeout_s: float | None = None) -> dic
     """
     import torch.distributed as dist
 
-    from hpcrl.dist.groups import new_group  # torch.distributed: this module stays importable without it
+    from hpcrl.distributed.groups import (
+        new_group,  # torch.distributed: this module stays importable without it
+    )
 
     me = dist.get_rank()
     mine: dict[str, Any] = {}

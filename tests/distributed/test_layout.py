@@ -2,9 +2,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hpcrl.dist.config import ParallelConfig
-from hpcrl.dist.layout import ParallelLayout, create_groups
-from hpcrl.dist.spawn import run_ranks
+from hpcrl.distributed.config import ParallelConfig
+from hpcrl.distributed.layout import ParallelLayout, create_groups
+from hpcrl.distributed.spawn import run_ranks
 from hpcrl.errors import ConfigError
 from hpcrl.train.config import ModelConfig
 

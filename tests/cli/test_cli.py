@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcrl import cli
+from hpcrl.cli import app as cli
 from hpcrl.config.experiment import ExperimentConfig
 from hpcrl.config.schema import leaf_types
 from hpcrl.progress import DelayedProgress

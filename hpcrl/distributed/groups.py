@@ -13,7 +13,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from hpcrl.dist.config import ParallelConfig
+from hpcrl.distributed.config import ParallelConfig
 
 DEFAULT_TIMEOUT_S = ParallelConfig.timeout_s
 """ParallelConfig's default (the dataclass field's value)."""

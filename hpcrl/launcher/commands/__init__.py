@@ -1,1 +1,0 @@
-"""CLI command modules of the launcher (each: HELP, add_arguments(parser), main(args) -> int)."""
