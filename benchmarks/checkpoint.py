@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from benchmarks.results import Record, write_records
+from hpcrl.bench.records import Record, write_records
 from hpcrl.ckpt.checkpointer import Checkpointer
 from hpcrl.ckpt.load import load_checkpoint
 from hpcrl.ckpt.manifest import read_manifest

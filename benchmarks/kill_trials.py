@@ -31,7 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.results import Record, write_records  # noqa: E402
+from hpcrl.bench.records import Record, write_records  # noqa: E402
 from hpcrl.ckpt.commit import committed, read_latest  # noqa: E402
 from hpcrl.ckpt.load import load_checkpoint  # noqa: E402
 from hpcrl.ckpt.manifest import read_manifest  # noqa: E402

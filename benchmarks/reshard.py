@@ -25,7 +25,7 @@ from types import SimpleNamespace
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.results import Record, write_records  # noqa: E402
+from hpcrl.bench.records import Record, write_records  # noqa: E402
 
 HEADLINE = (4, 2, 1, 2, 1)
 PAIRS = [

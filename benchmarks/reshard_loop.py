@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.reshard import model_dims  # noqa: E402
-from benchmarks.results import Record, write_records  # noqa: E402
+from hpcrl.bench.records import Record, write_records  # noqa: E402
 
 LAYOUT = (4, 1, 1, 2, 1)
 """t, p, d, t_g, p_g."""

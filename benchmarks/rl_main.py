@@ -28,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.results import Record, write_records  # noqa: E402
+from hpcrl.bench.records import Record, write_records  # noqa: E402
 
 GOAL_REWARD = 0.9
 GOAL_SECONDS = 120.0

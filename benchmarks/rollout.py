@@ -32,7 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.results import Record, write_records  # noqa: E402
+from hpcrl.bench.records import Record, write_records  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

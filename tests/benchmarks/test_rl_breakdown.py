@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hpcrl.bench.rl_breakdown import phase_records
+from benchmarks.rl_breakdown import phase_records
 
 
 def rows() -> list[dict]:

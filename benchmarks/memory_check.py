@@ -1,6 +1,6 @@
 """Benchmark: the memory planner's prediction vs the measured peak of the actor's update steps (CPU).
 
-    python -m hpcrl.bench.memory_check --results-dir DIR [--template T.yaml] [--set key=value ...]
+    python -m benchmarks.memory_check --results-dir DIR [--template T.yaml] [--set key=value ...]
 
 One record per run: metric `actor_update_peak_bytes`, value = measured peak of live tensor bytes
 (torch memory profiler, hpcrl.plan.measure), baseline `planner_prediction` = MemoryPlan.actor_update_peak
@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 
 def parse_sets(items: list[str]) -> dict:
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=2, help="profiled update steps (after one warm-up)")
     args = parser.parse_args(argv)
 
-    from benchmarks.results import Record, write_records
+    from hpcrl.bench.records import Record, write_records
     from hpcrl.config.resolve import resolve
     from hpcrl.plan.formulas import rank_params
     from hpcrl.plan.measure import measure_update_peak

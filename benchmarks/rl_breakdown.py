@@ -1,6 +1,6 @@
 """Benchmark: time per phase of an RL step (HybridFlow §8's method: warm-up steps, then the median).
 
-    python -m hpcrl.bench.rl_breakdown --results-dir DIR [--template T.yaml] [--steps 15] [--warmup 10]
+    python -m benchmarks.rl_breakdown --results-dir DIR [--template T.yaml] [--steps 15] [--warmup 10]
 
 Runs `hpcrl run TEMPLATE` (a real run: megatron actor, rollout engine, reshard, rewards) for `steps`
 steps with evaluation off, reads the driver's per-step phase timings (`time/<phase>_s` in
@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 
 def phase_records(rows: list[dict], warmup: int, layout: str, model_size: str) -> list:
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--label", default=None, help="model_size label (default: parameter count)")
     args = parser.parse_args(argv)
 
-    from benchmarks.results import write_records
+    from hpcrl.bench.records import write_records
     from hpcrl.config.resolve import resolve
     from hpcrl.plan.formulas import rank_params
     from hpcrl.plan.memory import dims_of
