@@ -205,7 +205,7 @@ def predict(cfg: ExperimentConfig, *, host_bytes: float | None = None) -> Memory
 
 
 def uses_megatron_optimizer(cfg: ExperimentConfig) -> bool:
-    """backend megatron, or auto on a GPU job (hpcrl.train.optimizer.resolve_backend picks it with CUDA)."""
+    """backend megatron, or auto on a GPU job (hpcrl.train.update.resolve_backend picks it with CUDA)."""
     from hpcrl.config.rules import gpus_per_node
 
     return cfg.optim.backend == "megatron" or (cfg.optim.backend == "auto" and gpus_per_node(cfg) > 0)

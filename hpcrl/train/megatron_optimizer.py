@@ -20,7 +20,7 @@ Why GPU only: megatron-core's optimizer allocates with the string literal `devic
 and tests/train/test_megatron_ddp.py checks the grad sync there; the optimizer half runs on CUDA, and in
 that test file on CPU only with megatron's CUDA device strings faked. `resolve_backend` picks this path on CUDA ("auto") and refuses it without.
 
-Same contract as hpcrl.train.optimizer.TorchUpdate: grads are SUMMED over micro-batches and DP (the
+Implements hpcrl.train.update.UpdateStep, with the same contract as hpcrl.train.optimizer.TorchUpdate: grads are SUMMED over micro-batches and DP (the
 trainer's loss is normalised with global counts; `calculate_per_token_loss=True` in the
 TransformerConfig makes megatron DDP's scaling factor 1), the grad norm counts each parameter once, a
 non-finite norm skips the step on every rank. Weight decay follows megatron (no decay on norms and
@@ -39,8 +39,8 @@ import torch
 import torch.distributed as dist
 
 from hpcrl.train.config import ModelConfig, OptimizerConfig
+from hpcrl.train.loss_scale import DynamicLossScale
 from hpcrl.train.model import TrainGroups, is_tied
-from hpcrl.train.optimizer import DynamicLossScale
 
 _ADAM_KEYS = ("exp_avg", "exp_avg_sq")
 

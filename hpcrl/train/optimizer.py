@@ -15,11 +15,11 @@ fp32 models get no copies: AdamW runs on the parameters themselves, as before. f
 same masters and a dynamic loss scale (`DynamicLossScale`): fp16 gradients underflow without it.
 
 `TorchUpdate` is the trainer's update step on this path (any device): hpcrl's own DP all-reduce of one
-flat buffer, unsharded masters and AdamW state on every DP rank. The GPU path with megatron's DDP and
-distributed optimizer is hpcrl.train.megatron_optimizer.MegatronUpdate; `resolve_backend` chooses.
+flat buffer, unsharded masters and AdamW state on every DP rank. It implements hpcrl.train.update.UpdateStep,
+as the GPU path with megatron's DDP and distributed optimizer does (hpcrl.train.megatron_optimizer);
+hpcrl.train.update chooses between them.
 
-Public: `MasterWeights`, `build_adamw`, `DynamicLossScale`, `TorchUpdate`, `grad_norm`, `resolve_backend`,
-`build_update`.
+Public: `MasterWeights`, `build_adamw`, `TorchUpdate`, `grad_norm`.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from hpcrl.errors import ConfigError, Problem
 from hpcrl.train import hf_convert
 from hpcrl.train.config import ModelConfig, OptimizerConfig
+from hpcrl.train.loss_scale import DynamicLossScale
 from hpcrl.train.model import TrainGroups, is_tied, named_global_params
 
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
@@ -95,31 +95,6 @@ def build_adamw(
         weight_decay=cfg.weight_decay,
     )
     return optimizer, masters
-
-
-class DynamicLossScale:
-    """fp16 loss scaling (Micikevicius et al. 2018, "Mixed Precision Training", §3.2): multiply the loss
-    by S before backward so small gradients survive in fp16, divide the fp32 grads by S before the step;
-    on inf/NaN skip the step and halve S; after `growth_interval` clean steps double S."""
-
-    def __init__(self, initial: float = 2.0**16, growth_interval: int = 1000, minimum: float = 1.0):
-        self.scale, self.growth_interval, self.minimum = initial, growth_interval, minimum
-        self._clean_steps = 0
-
-    def update(self, finite: bool) -> None:
-        if not finite:
-            self.scale, self._clean_steps = max(self.scale / 2, self.minimum), 0
-            return
-        self._clean_steps += 1
-        if self._clean_steps == self.growth_interval:
-            self.scale, self._clean_steps = self.scale * 2, 0
-
-    def state_dict(self) -> dict[str, float]:
-        """JSON-able state (saved with a checkpoint's run state: an fp16 resume continues the same scale)."""
-        return {"scale": self.scale, "clean_steps": self._clean_steps}
-
-    def load_state_dict(self, state: dict[str, float]) -> None:
-        self.scale, self._clean_steps = float(state["scale"]), int(state["clean_steps"])
 
 
 def grad_norm(
@@ -272,27 +247,3 @@ class TorchUpdate:
             for key in ("exp_avg", "exp_avg_sq"):
                 held[key] = state[key].to(stepped.dtype).clone()
             held["step"] = state["step"].clone()
-
-
-def resolve_backend(cfg: OptimizerConfig, key: str = "optim.backend") -> str:
-    """ "torch" or "megatron" for this process (auto: megatron when CUDA is available)."""
-    if cfg.backend == "auto":
-        return "megatron" if torch.cuda.is_available() else "torch"
-    if cfg.backend == "megatron" and not torch.cuda.is_available():
-        raise ConfigError(
-            Problem(
-                "megatron's distributed optimizer needs CUDA (it allocates on 'cuda'); "
-                "use backend: torch or auto on CPU",
-                key=key,
-            )
-        )
-    return cfg.backend
-
-
-def build_update(model, model_cfg: ModelConfig, groups: TrainGroups, optim_cfg: OptimizerConfig, lr: float):
-    """The update step of `optim_cfg.backend` (see `resolve_backend`)."""
-    if resolve_backend(optim_cfg) == "megatron":
-        from hpcrl.train.megatron_optimizer import MegatronUpdate
-
-        return MegatronUpdate(model, model_cfg, groups, optim_cfg, lr)
-    return TorchUpdate(model, model_cfg, groups, optim_cfg, lr)

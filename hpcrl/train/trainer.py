@@ -18,7 +18,7 @@ micro-batches and DP ranks; the returned "loss" is the global loss and "grad_nor
 A non-finite grad norm (NaN/inf loss or reward upstream) skips the optimizer step on every rank, logs a
 warning and returns "update_skipped_nonfinite" = 1.0 (else 0.0): never a silent wrong update.
 
-Update step (`self.update_step`, chosen by `optimizer.backend`, hpcrl.train.optimizer.build_update):
+Update step (`self.update_step`, chosen by `optimizer.backend`, hpcrl.train.update.build_update):
 zero grads -> micro-batches through the pipeline (hpcrl.train.pipeline) with gradient accumulation ->
 grad sync -> global grad norm -> clip -> step. `TorchUpdate` (any device; the CPU path): hpcrl's flat DP
 all-reduce, torch AdamW, unsharded fp32 masters of 16-bit params, fp16 loss scaling.
@@ -47,8 +47,8 @@ from hpcrl.train.model import (
     build_model_from_hf,
     gather_full_state_dict,
 )
-from hpcrl.train.optimizer import build_update
 from hpcrl.train.pipeline import LossFn, run_micro_batch
+from hpcrl.train.update import UpdateStep, build_update
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class Trainer:
         self.model, self.model_cfg, self.groups, self.head = model, model_cfg, groups, head
         self.optim_cfg = optim_cfg
         self.micro_batch_size = optim_cfg.micro_batch_size if optim_cfg else 8
-        self.update_step = None  # TorchUpdate | MegatronUpdate; None for a reference model
+        self.update_step: UpdateStep | None = None  # None for a reference model
         if optim_cfg is not None:
             lr = lr if lr is not None else optim_cfg.lr
             self.update_step = build_update(model, model_cfg, groups, optim_cfg, lr)

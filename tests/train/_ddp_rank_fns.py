@@ -123,7 +123,7 @@ def megatron_vs_torch_backend(rank: int, world_size: int, tensor: int, dtype: st
     state is read back whole through the checkpoint interface and loaded into a fresh megatron trainer.
     On CUDA as is; with `fake_cuda` on CPU, with CUDA device strings faked inside megatron's optimizer
     (tests/train/_fake_cuda_strings.py)."""
-    from hpcrl.train import megatron_compat, optimizer
+    from hpcrl.train import megatron_compat, update
     from tests.train import _fake_cuda_strings
 
     if fake_cuda:
@@ -137,13 +137,13 @@ def megatron_vs_torch_backend(rank: int, world_size: int, tensor: int, dtype: st
 
     def trainer_of(backend: str):
         optim_cfg = OptimizerConfig(lr=1e-2, micro_batch_size=MICRO_BATCH, backend=backend)
-        real_resolve = optimizer.resolve_backend
+        real_resolve = update.resolve_backend
         if fake_cuda:  # resolve_backend's CUDA check is part of the faked boundary
-            optimizer.resolve_backend = lambda cfg, key=None: cfg.backend
+            update.resolve_backend = lambda cfg, key=None: cfg.backend
         try:
             trainer = build_policy_trainer(cfg, optim_cfg, groups)
         finally:
-            optimizer.resolve_backend = real_resolve
+            update.resolve_backend = real_resolve
         load_full_state_dict(trainer.model, random_full_state_dict(cfg, seed=3), cfg, groups)
         return trainer
 

@@ -16,7 +16,7 @@ import torch
 from hpcrl.distributed.spawn import run_ranks
 from hpcrl.errors import ConfigError
 from hpcrl.train.config import OptimizerConfig
-from hpcrl.train.optimizer import resolve_backend
+from hpcrl.train.update import resolve_backend
 from tests.train import _ddp_rank_fns as fns
 
 

@@ -235,7 +235,7 @@ def test_fp16_loss_scaling_keeps_gradients_that_underflow_without_it():
 
 
 def test_dynamic_loss_scale_halves_on_overflow_and_doubles_after_clean_steps():
-    from hpcrl.train.optimizer import DynamicLossScale
+    from hpcrl.train.loss_scale import DynamicLossScale
 
     scale = DynamicLossScale(initial=1024.0, growth_interval=3)
     scale.update(finite=False)
