@@ -12,6 +12,7 @@ from hpcrl import cli
 from hpcrl.config.yaml_io import load_yaml
 from hpcrl.launcher import local
 from hpcrl.launcher.manifest import load_manifest
+from tests.waiting import wait_until
 
 PROBE = "entrypoint: hpcrl.launcher.probe:main\n"
 
@@ -110,7 +111,10 @@ def test_local_cancel_stops_running_and_pending_elements(tmp_path, capsys):
     while local.pid_alive(pgid) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not local.pid_alive(pgid), "the running element's ranks must be stopped"
-    time.sleep(1)
-    capsys.readouterr()
-    assert cli.main(["status", str(sweep_dir), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["counts"] == {"CANCELLED": 2}
+
+    def counts() -> dict:
+        capsys.readouterr()
+        assert cli.main(["status", str(sweep_dir), "--json"]) == 0
+        return json.loads(capsys.readouterr().out)["counts"]
+
+    wait_until(lambda: counts() == {"CANCELLED": 2}, 20, "both elements CANCELLED")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
-import time
 import uuid
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 from hpcrl import cli
 from hpcrl.config.yaml_io import load_yaml
 from hpcrl.launcher.manifest import load_manifest
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slurm
 REPO = Path(__file__).resolve().parents[2]
@@ -27,12 +27,12 @@ def status(sweep_dir: Path, capsys) -> dict:
 
 def wait_final(sweep_dir: Path, capsys, timeout_s: float = 120) -> dict:
     final = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
-    deadline = time.monotonic() + timeout_s
-    while True:
+
+    def settled() -> dict | None:
         state = status(sweep_dir, capsys)
-        if all(e["state"] in final for e in state["elements"]) or time.monotonic() > deadline:
-            return state
-        time.sleep(2)
+        return state if all(e["state"] in final for e in state["elements"]) else None
+
+    return wait_until(settled, timeout_s, "every element in a final state", poll_s=1)
 
 
 def array_jobs_named(cluster, name: str) -> set[str]:
@@ -106,9 +106,11 @@ def test_cancel_one_index_then_resume_reruns_only_failed_and_cancelled(slurm_clu
     sweep_dir = tmp_path / "sweep"
     assert cli.main(["submit", str(template), "--sweep_dir", str(sweep_dir)]) == 0
     assert cli.main(["cancel", str(sweep_dir), "3"]) == 0
-    time.sleep(2)
-    running = status(sweep_dir, capsys)
-    assert running["elements"][3]["state"] == "CANCELLED"
+    running = wait_until(
+        lambda: (s := status(sweep_dir, capsys))["elements"][3]["state"] == "CANCELLED" and s,
+        60,
+        "element 3 CANCELLED",
+    )
     assert all(e["state"] in ("PENDING", "RUNNING", "FAILED") for e in running["elements"][:3]), running
     state = wait_final(sweep_dir, capsys)
     assert [e["state"] for e in state["elements"]] == ["COMPLETED", "FAILED", "COMPLETED", "CANCELLED"]
@@ -144,7 +146,7 @@ def test_dry_run_and_bad_template_submit_no_job(slurm_cluster, tmp_path, capsys)
     bad.write_text(f"extends: {template}\nname: {name}\nparallel: {{data: 3}}\n")
     assert cli.main(["submit", str(bad), "--sweep_dir", str(tmp_path / "bad-sweep")]) == 2
     assert not (tmp_path / "bad-sweep").exists()
-    time.sleep(1)
+    # sbatch returns once the controller has the job, so a job sent by the failed submit would show now
     assert array_jobs_named(slurm_cluster, f"hpcrl-{name}") == set()
     # the dry-run script is exactly what a real submit sends (same sweep dir -> same paths)
     assert cli.main(["submit", str(template), *args]) == 0
