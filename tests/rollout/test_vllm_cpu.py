@@ -248,7 +248,7 @@ def test_resharded_weights_reach_vllm_cpu_and_logprobs_match_the_trainer(tmp_pat
 _DETECT = """
 from hpcrl.rollout.config import RolloutConfig
 from hpcrl.rollout.factory import resolve_engine_name
-from hpcrl.rollout.vllm_engine import vllm_device
+from hpcrl.rollout.engine_rule import vllm_device
 from hpcrl.train.config import ModelConfig
 model = ModelConfig(hf_path="/models/x")
 print(vllm_device(), resolve_engine_name(RolloutConfig(engine="auto"), model=model),
