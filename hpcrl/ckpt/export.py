@@ -14,13 +14,12 @@ import torch
 from hpcrl.ckpt.load import load_checkpoint
 from hpcrl.ckpt.manifest import CheckpointError, read_manifest
 from hpcrl.ckpt.shards import ShardSpec
+from hpcrl.train import hf_convert
+from hpcrl.train.config import ModelConfig
 
 
 def export_hf(checkpoint: str | Path, out_dir: str | Path, *, prefix: str = "actor.") -> Path:
     from safetensors.torch import save_file
-
-    from hpcrl.train import hf_convert
-    from hpcrl.train.config import ModelConfig
 
     checkpoint, out_dir = Path(checkpoint), Path(out_dir)
     manifest = read_manifest(checkpoint)

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
+from hpcrl.bench.report import write_report
+from hpcrl.bench.runner import load_suite, run_suite
+from hpcrl.errors import ConfigError, Problem
+
 HELP = "Run a benchmark suite template (run SUITE) or report a results directory (report DIR)."
 
 
@@ -28,8 +32,6 @@ def add_arguments(parser) -> None:
 
 def main(args) -> int:
     if args.action == "run":
-        from hpcrl.bench.runner import load_suite, run_suite
-
         suite = load_suite(args.path)
         runs = run_suite(suite)
         failed = [r.name for r in runs if not r.ok]
@@ -42,9 +44,6 @@ def main(args) -> int:
 
 def _report(args) -> int:
     from pathlib import Path
-
-    from hpcrl.bench.report import write_report
-    from hpcrl.errors import ConfigError, Problem
 
     if not Path(args.path).is_dir():
         raise ConfigError(Problem(f"results directory {args.path} does not exist", key="path"))

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hpcrl.launcher import sweeps
+from hpcrl.launcher.manifest import load_manifest
+
 HELP = "Cancel elements of a sweep (all when no index is given)."
 
 
@@ -11,9 +14,6 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
-    from hpcrl.launcher import sweeps
-    from hpcrl.launcher.manifest import load_manifest
-
     manifest = load_manifest(args.sweep)
     chosen = sweeps.cancel(manifest, list(args.indices) or None)
     print(f"cancel requested for {len(chosen)} element(s): {' '.join(str(e.index) for e in chosen)}")

@@ -9,9 +9,13 @@ Exit codes: 0 ok, 1 the checkpoint does not verify, 2 usage error or a layout it
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 from typing import Literal, Optional
 
 from jsonargparse import ArgumentParser
+
+from hpcrl.errors import ConfigError, Problem
 
 HELP = "Verify a sharded checkpoint, check it loads under another layout, export it to Hugging Face."
 
@@ -31,8 +35,6 @@ def add_arguments(parser: ArgumentParser) -> None:
 
 
 def main(args) -> int:
-    from hpcrl.errors import ConfigError, Problem
-
     if args.action == "check":
         return _check(args)
     if not args.hf:
@@ -42,10 +44,8 @@ def main(args) -> int:
 
 def _resolve(path_text: str):
     """(the checkpoint directory to use, the root it was found under or None when named itself)."""
-    from pathlib import Path
-
+    # hpcrl.ckpt pulls torch (~1 s): imported when the command runs, so `hpcrl --help` stays fast
     from hpcrl.ckpt.trust import checkpoint_dirs
-    from hpcrl.errors import ConfigError, Problem
 
     path = Path(path_text)
     found, root = checkpoint_dirs(path)
@@ -57,12 +57,10 @@ def _resolve(path_text: str):
 
 
 def _check(args) -> int:
-    import sys
-
+    # hpcrl.ckpt pulls torch (~1 s): imported when the command runs, so `hpcrl --help` stays fast
     from hpcrl.ckpt.manifest import CorruptCheckpoint
     from hpcrl.ckpt.partition import layout_problems, parse_layout
     from hpcrl.ckpt.verify import verify_directory
-    from hpcrl.errors import ConfigError, Problem
 
     directory, root = _resolve(args.checkpoint)
     layout = None
@@ -106,6 +104,7 @@ def _check(args) -> int:
 
 
 def _export(args) -> int:
+    # hpcrl.ckpt pulls torch (~1 s): imported when the command runs, so `hpcrl --help` stays fast
     from hpcrl.ckpt.export import export_hf
     from hpcrl.ckpt.trust import check_step_dir
 

@@ -19,8 +19,10 @@ import sys
 from typing import Any
 
 from hpcrl.config.experiment import ExperimentConfig
+from hpcrl.config.reference import reference
 from hpcrl.config.schema import TypeMismatch, check_value, leaf_types
 from hpcrl.config.text_rules import text_problem
+from hpcrl.config.yaml_io import loads_yaml
 from hpcrl.errors import ConfigError, Problem
 
 OVERRIDES_HELP = """\
@@ -33,8 +35,6 @@ class HelpConfigAction(argparse.Action):
     like --help (no template needed)."""
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
-        from hpcrl.config.reference import reference
-
         sys.stdout.write(reference(values or ""))
         parser.exit(0)
 
@@ -57,14 +57,18 @@ def add_template_arguments(parser) -> None:
         action=HelpConfigAction,
         help="List every config key (or those under PREFIX) with its type, default and meaning; exit.",
     )
-    overrides = parser.add_argument_group("config keys", OVERRIDES_HELP)
+    add_override_arguments(parser)
+
+
+def add_override_arguments(parser, help_text: str = OVERRIDES_HELP) -> None:
+    """`--<dotted.key> VALUE` for every config key, hidden from --help (see the module docstring)."""
+    overrides = parser.add_argument_group("config keys", help_text)
     for key in leaf_types(ExperimentConfig):
         overrides.add_argument(f"--{key}", type=str, default=None, help=argparse.SUPPRESS)
 
 
 def overrides_from(args) -> dict[str, Any]:
     """The dotted-key overrides given on the command line, type-checked (ConfigError lists all problems)."""
-    from hpcrl.config.yaml_io import loads_yaml
 
     flat = args.as_dict() if hasattr(args, "as_dict") else dict(args)
     hints = leaf_types(ExperimentConfig)

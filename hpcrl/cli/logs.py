@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from hpcrl.errors import ConfigError, Problem
+from hpcrl.launcher import local, slurm, sweeps
+from hpcrl.launcher.manifest import load_manifest
 
 HELP = "Print the log of one element of a sweep (rank 0 stdout/stderr)."
 
@@ -15,8 +17,6 @@ def add_arguments(parser) -> None:
 
 
 def log_files(manifest, index: int) -> list[Path]:
-    from hpcrl.launcher import local, slurm, sweeps
-
     entry = manifest.entry(index)
     if entry.job_id is None:
         raise ConfigError(Problem(f"element {index} was never submitted (state {entry.state})", key="index"))
@@ -26,8 +26,6 @@ def log_files(manifest, index: int) -> list[Path]:
 
 
 def main(args) -> int:
-    from hpcrl.launcher.manifest import load_manifest
-
     manifest = load_manifest(args.sweep)
     for path in log_files(manifest, args.index):
         print(f"==> {path} <==")

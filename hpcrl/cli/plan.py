@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 
 from hpcrl.cli.common import add_template_arguments, overrides_from
+from hpcrl.config.resolve import resolve
+from hpcrl.plan.memory import predict
 
 HELP = "Predict per-rank accelerator memory and host RAM of a template's configs (memory preflight)."
 
@@ -59,9 +61,6 @@ def plan_table(plan, title: str):
 
 def main(args) -> int:
     from rich.console import Console
-
-    from hpcrl.config.resolve import resolve
-    from hpcrl.plan.memory import predict
 
     sweep = resolve(args.template, overrides_from(args))
     console = Console(width=200)

@@ -12,7 +12,12 @@ from __future__ import annotations
 import os
 
 from hpcrl.cli.common import add_template_arguments, overrides_from, print_config_if_asked
+from hpcrl.config.resolve import resolve
 from hpcrl.errors import ConfigError, Problem
+from hpcrl.launcher import local, sweeps
+from hpcrl.launcher.element import run_element
+from hpcrl.lifecycle import Lifecycle
+from hpcrl.progress import DelayedProgress
 
 HELP = "Run one resolved config of a template on this machine (foreground); prints the run dir first."
 
@@ -23,12 +28,6 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
-    from hpcrl.config.resolve import resolve
-    from hpcrl.launcher import local, sweeps
-    from hpcrl.launcher.element import run_element
-    from hpcrl.lifecycle import Lifecycle
-    from hpcrl.progress import DelayedProgress
-
     with DelayedProgress() as track:
         sweep = resolve(args.template, overrides_from(args), track=track)
     if print_config_if_asked(args, sweep):

@@ -329,6 +329,7 @@ def create_groups(layout: ParallelLayout, timeout_s: float | None = None) -> dic
     never depends on the rank. Returns {family: the ProcessGroup of that family containing this rank}.
     `timeout_s` bounds every collective on these groups (a dead peer -> error, not a hang).
     """
+    # torch here only: the layout arithmetic above runs at expand/submit for every element, torch-free
     import torch.distributed as dist
 
     from hpcrl.distributed.groups import (

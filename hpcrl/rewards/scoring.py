@@ -17,6 +17,7 @@ import torch
 from hpcrl.data.config import DataConfig
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.rewards.config import RewardConfig
+from hpcrl.rewards.reward_model import RewardModelScorer
 from hpcrl.rewards.rules import RULES, task_rule
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,6 @@ def build_scorer(reward: RewardConfig, data: DataConfig) -> BatchScorer:
             problems.append(Problem("name=model needs a model_path", key="reward.model_path"))
         if problems:
             raise ConfigError(problems)
-        from hpcrl.rewards.reward_model import RewardModelScorer
 
         return RewardModelScorer(reward.model_path)
     if reward.name == "task":

@@ -11,6 +11,8 @@ from hpcrl.errors import ConfigError, Problem
 from hpcrl.rollout.base import RolloutEngine
 from hpcrl.rollout.config import RolloutConfig
 from hpcrl.rollout.engine_rule import EngineFacts, resolve_engine
+from hpcrl.rollout.hf_engine import HFRolloutEngine
+from hpcrl.rollout.vllm_engine import VLLMRolloutEngine
 from hpcrl.train.config import ModelConfig
 
 
@@ -35,14 +37,11 @@ def build_rollout_engine(
     source = model_cfg if model_dir is None else dataclasses.replace(model_cfg, hf_path=str(model_dir))
     name = resolve_engine_name(cfg, model=source)
     if name == "hf":
-        from hpcrl.rollout.hf_engine import HFRolloutEngine
-
         return HFRolloutEngine.from_model_config(model_cfg, pad_id, eos_id)
     if name != "vllm":
         raise ConfigError(
             Problem(f"engine {name!r} is built with generation groups, not here", key="rollout.engine")
         )
-    from hpcrl.rollout.vllm_engine import VLLMRolloutEngine
 
     return VLLMRolloutEngine(
         str(model_dir or model_cfg.hf_path), cfg, eos_id, pad_id=pad_id, dtype=model_cfg.dtype
