@@ -16,7 +16,7 @@ What megatron gives here (what a Megatron user expects from `--use-distributed-o
 
 Why GPU only: megatron-core's optimizer allocates with the string literal `device='cuda'` and checks
 `param.type() == 'torch.cuda.FloatTensor'` (optimizer.py, distrib_optimizer.py, clip_grads.py; see
-../shared/FACTS.md), which no CPU mapping reaches. Its DDP runs on CPU (gloo) with hpcrl's compat shim,
+docs/FACTS.md), which no CPU mapping reaches. Its DDP runs on CPU (gloo) with hpcrl's compat shim,
 and tests/train/test_megatron_ddp.py checks the grad sync there; the optimizer half runs on CUDA, and in
 that test file on CPU only with megatron's CUDA device strings faked. `resolve_backend` picks this path on CUDA ("auto") and refuses it without.
 
@@ -26,7 +26,13 @@ TransformerConfig makes megatron DDP's scaling factor 1), the grad norm counts e
 non-finite norm skips the step on every rank. Weight decay follows megatron (no decay on norms and
 biases), unlike the torch path which decays every parameter.
 
-Public: `MegatronUpdate`.
+Checkpoint state (`param_state` / `load_param_state`, per parameter, whole over DP) goes through
+megatron-core's public `DistributedOptimizer.sharded_state_dict` ("fully_sharded_model_space": each
+owned piece of a parameter's master and moments with the flattened range it covers); the DP gather is
+hpcrl's own all-reduce. Whole per parameter, a checkpoint loads under any DP size (hpcrl.ckpt.megatron
+maps it to global TP offsets). See `MegatronUpdate.owned_shards` for what megatron-core 0.16.1 forces.
+
+Public: `MegatronUpdate`, `OwnedShard`.
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
+from types import MappingProxyType
 
 import torch
 import torch.distributed as dist
@@ -43,6 +51,8 @@ from hpcrl.train.loss_scale import DynamicLossScale
 from hpcrl.train.model import TrainGroups, is_tied
 
 _ADAM_KEYS = ("exp_avg", "exp_avg_sq")
+_STATE_NAMES = (("fp32_param", "master"),)  # megatron's sharded-state key -> hpcrl's
+_MODEL_SPACE = MappingProxyType({"distrib_optim_sharding_type": "fully_sharded_model_space"})
 
 
 def megatron_process_groups(groups: TrainGroups):
@@ -122,6 +132,7 @@ class MegatronUpdate:
         # Adam moments exist once a step was taken (or loaded): the same on every rank, so a checkpoint
         # knows without a collective which tensors every DP rank contributes
         self._has_moments = False
+        self._shards: dict[torch.nn.Parameter, OwnedShard] | None = None  # see owned_shards
 
     # ---------------------------------------------------------------------- the trainer's update protocol
     def zero_grads(self) -> None:
@@ -135,12 +146,8 @@ class MegatronUpdate:
         optimizer was built): an owned master element that no longer rounds to its parameter takes the
         parameter's value, as hpcrl.train.optimizer.MasterWeights.sync_from_params does. After megatron's
         own steps every master rounds to its parameter, so this changes nothing then."""
-        for param in self.model.parameters():
-            owned = self._owned(param)
-            if owned is None:
-                continue
-            (start, end), tensors = owned
-            master, shard = tensors["param"], param.detach().reshape(-1)[start:end]
+        for param, owned in self.owned_shards().items():
+            master, shard = owned.tensors["master"], param.detach().reshape(-1)[owned.start : owned.end]
             if master.data_ptr() == shard.data_ptr():  # fp32 param: the master IS the parameter's shard
                 continue
             stale = master.to(param.dtype) != shard
@@ -201,14 +208,13 @@ class MegatronUpdate:
         """fp32 master, Adam moments and step of `param`, whole (this rank's TP shard of it), gathered
         over DP from the distributed optimizer's flat shards. Collective over DP: every rank calls it
         for every parameter in the same order."""
-        owned = self._owned(param)
+        shard = self.owned_shards().get(param)
         keys = ("master", *_ADAM_KEYS) if self._has_moments else ("master",)
         full = {}
         for key in keys:
             flat = torch.zeros(param.numel(), dtype=torch.float32, device=param.device)
-            if owned is not None:
-                (start, end), tensors = owned
-                flat[start:end] = tensors["param" if key == "master" else key].float()
+            if shard is not None:
+                flat[shard.start : shard.end] = shard.tensors[key].float()
             dist.all_reduce(flat, group=self.groups.dp)  # each element is owned by exactly one DP rank
             full[key] = flat.view(param.shape)
         if self._has_moments:
@@ -218,43 +224,120 @@ class MegatronUpdate:
     @torch.no_grad()
     def load_param_state(self, param: torch.nn.Parameter, value: torch.Tensor, state: dict | None) -> None:
         """Set `param` (every DP rank: the checkpoint holds it whole) and this rank's slice of its
-        master and, with `state`, of its Adam moments and the step count."""
+        master and Adam moments; `state` None: a fresh optimizer (zero moments, step 0). The values go
+        into the optimizer's own tensors that `owned_shards` hands out (see there why not through
+        DistributedOptimizer.load_state_dict)."""
         param.copy_(value)
-        owned = self._owned(param)
-        if owned is not None and not self._dist_opt.optimizer.state:
-            # never stepped: megatron creates the moments with one zero-grad step; all are overwritten below
-            self._dist_opt._init_optimizer_states_with_dummy_values()
-            owned = self._owned(param)
-        step = int(state["step"]) if state is not None else 0  # weights only: a fresh optimizer
+        step = int(state["step"]) if state is not None else 0
+        shards = self.owned_shards()
+        self._set_step_count(step, shards)
+        self._has_moments = state is not None
+        shard = shards.get(param)
+        if shard is None:
+            return
+        shard.tensors["master"].copy_(value.reshape(-1)[shard.start : shard.end])
+        for key in _ADAM_KEYS:
+            if state is None:
+                shard.tensors[key].zero_()
+            else:
+                shard.tensors[key].copy_(state[key].reshape(-1)[shard.start : shard.end])
+
+    def owned_shards(self) -> dict[torch.nn.Parameter, OwnedShard]:
+        """For each parameter this DP rank steps a piece of: that piece (elements [start, end) of the
+        flattened parameter) and its optimizer tensors, the optimizer's own (no copies).
+
+        Read through megatron-core's public `DistributedOptimizer.sharded_state_dict` in its default
+        format "fully_sharded_model_space" (distrib_optimizer.py `sharded_param_state_fs_model_space`):
+        one entry per owned parameter, matched to the model by tensor identity, each state tensor with
+        the `flattened_range` it covers in the parameter. What megatron-core 0.16.1 forces here:
+        - the model-side entries are `ShardedTensorFactory`s, not `ShardedTensor`s: the optimizer copies
+          them with `flattened_range=` set, and ShardedTensor rejects any flattened_range
+          ("ShardedTensor.flattened_range is not supported.", dist_checkpointing/mapping.py:134), so
+          a model `sharded_state_dict()` of plain ShardedTensors fails there (distrib_optimizer.py:1748);
+        - it is read with `is_loading=False` and loads write into these tensors: `is_loading=True`
+          re-loads the optimizer via load_state_dict(self.state_dict()) (distrib_optimizer.py:1268), which
+          on torch's AdamW (the fallback without TE/apex) gives every parameter ONE shared step tensor
+          (:821-825), so each step then adds 1 per parameter; and `load_state_dict` of this format fails
+          there with KeyError 'step' (it drops "step" at :1819, then copies every key of the torch
+          state at :940). Writing in place is what a dist_checkpointing load does to these tensors.
+        The Adam state is created first (`_allocate_state`): `state_dict()` needs it (:642)."""
+        if self._shards is None:  # built once: the optimizer never reallocates its state once it exists
+            self._allocate_state()
+            named = dict(self.model.named_parameters())
+            sharded = self._dist_opt.sharded_state_dict(
+                _model_sharded_state_dict(named), is_loading=False, metadata=dict(_MODEL_SPACE)
+            )
+            self._shards = _shards_by_param(sharded["param_state"], named)
+        return self._shards
+
+    def _allocate_state(self) -> None:
+        """Adam moments before the first step, as megatron creates them for a checkpoint load: its
+        `init_state_fn` (zeros, what Adam's first step would create; megatron-core optimizer/__init__.py
+        `init_state_fn`). torch's Adam/AdamW also keep a per-parameter step, created here as torch does
+        (`torch.tensor(0.0)`, torch/optim/adamw.py `_init_group`); TE/apex FusedAdam count per group."""
+        opt = self._dist_opt
+        if opt.optimizer.state:
+            return
+        opt.init_state_fn(opt.optimizer, opt.config)
+        if isinstance(opt.optimizer, torch.optim.Adam | torch.optim.AdamW):
+            for state in opt.optimizer.state.values():
+                state.setdefault("step", torch.tensor(0.0))
+
+    def _set_step_count(self, step: int, shards: dict[torch.nn.Parameter, OwnedShard]) -> None:
         for group in self._dist_opt.optimizer.param_groups:  # TE/apex FusedAdam count steps per group
             group["step"] = step
-        self._has_moments = state is not None
-        if owned is None:
-            return
-        (start, end), current = owned
-        new = {}
-        for key, tensor in current.items():  # megatron copies every key it holds: give each one
-            if key == "param":
-                new[key] = value.reshape(-1)[start:end]
-            elif key in _ADAM_KEYS and state is not None:
-                new[key] = state[key].reshape(-1)[start:end]
-            elif key == "step":  # torch's AdamW counts steps per parameter
-                new[key] = torch.as_tensor(float(step)).to(tensor)
-            else:
-                new[key] = tensor
-        self._dist_opt._set_main_param_and_optimizer_states(param, new)
-
-    def _owned(self, param) -> tuple[tuple[int, int], dict] | None:
-        """((start, end) of `param`'s flattened elements this DP rank steps, its optimizer tensors)."""
-        opt = self._dist_opt
-        if param not in opt.model_param_gbuf_map:  # it maps only the params this rank owns a piece of
-            return None
-        gbuf_index, dtype, bucket_index = opt.model_param_gbuf_map[param]
-        rng = opt.gbuf_ranges[gbuf_index][dtype][bucket_index]["param_map"][param]["param"]
-        return (rng.start, rng.end), opt._get_main_param_and_optimizer_states(param)
+        for shard in shards.values():  # torch's Adam/AdamW count steps per parameter
+            if "step" in shard.tensors:
+                shard.tensors["step"].fill_(float(step))
 
     def _step_count(self) -> int:
-        for state in self._dist_opt.optimizer.state.values():
-            if "step" in state:
-                return int(state["step"])
-        return int(self._dist_opt.optimizer.param_groups[0].get("step", 0))
+        """The optimizer's step, as megatron saves it (DistributedOptimizer.state_dict: from the torch
+        state or from TE/apex's param groups)."""
+        groups = self._dist_opt.state_dict()["optimizer"]["param_groups"]
+        return int(groups[0].get("step") or 0)
+
+
+@dataclass(frozen=True)
+class OwnedShard:
+    """This DP rank's piece of one parameter: elements [start, end) of the flattened parameter (its TP
+    shard), and the optimizer tensors for them ("master", "exp_avg", "exp_avg_sq"; "step" on torch's
+    Adam, a scalar)."""
+
+    start: int
+    end: int
+    tensors: dict[str, torch.Tensor]
+
+
+def _model_sharded_state_dict(named: dict[str, torch.nn.Parameter]) -> dict:
+    """One model-side entry per parameter, keyed by its local name; the optimizer matches its state to
+    them by tensor identity (`param_to_sharded_metadata[sh_base.data]`)."""
+    # megatron is imported here, as in the rest of this module: only the GPU path needs it
+    from megatron.core.dist_checkpointing.mapping import ShardedTensorFactory
+
+    return {
+        name: ShardedTensorFactory(name, param, _not_serialised, _not_serialised, replica_id=(0, 0, 0))
+        for name, param in named.items()
+    }
+
+
+def _shards_by_param(param_state: dict, named: dict[str, torch.nn.Parameter]) -> dict:
+    """The optimizer's "fully_sharded_model_space" param_state (entries keyed "optimizer.state.{state
+    key}.{model key}", distrib_optimizer.py `sharded_param_state_fs_model_space`) by model parameter."""
+    shards = {}
+    for entries in param_state.values():
+        tensors, span, name = {}, None, None
+        for key, entry in entries.items():
+            if key == "step":  # a plain tensor, not sharded
+                tensors["step"] = entry
+                continue
+            name = entry.key.removeprefix(f"optimizer.state.{key}.")
+            span = entry.flattened_range
+            tensors[dict(_STATE_NAMES).get(key, key)] = entry.data
+        shards[named[name]] = OwnedShard(span.start, span.stop, tensors)
+    return shards
+
+
+def _not_serialised(*args) -> None:
+    """build_fn/merge_fn of the model-side factories: hpcrl writes its own shards (hpcrl.ckpt.megatron),
+    never megatron's dist_checkpointing, so these are never called."""
+    raise NotImplementedError("hpcrl checkpoints through hpcrl.ckpt, not megatron dist_checkpointing")

@@ -1,12 +1,21 @@
 """Rank functions for tests/train/test_megatron_ddp.py: megatron-core DDP grad sync on CPU (gloo), and the
-megatron update backend on CUDA (gpu-marked)."""
+megatron update backend on CUDA (gpu-marked) or on CPU with its CUDA device strings faked, including an
+hpcrl checkpoint of its sharded optimizer state saved at one DP size and loaded at another."""
 
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
+from hpcrl.ckpt.checkpointer import Checkpointer
+from hpcrl.ckpt.commit import read_latest
+from hpcrl.ckpt.load import load_checkpoint
+from hpcrl.ckpt.manifest import read_manifest
+from hpcrl.ckpt.megatron import load_into_trainer, trainer_shards, trainer_specs
+from hpcrl.ckpt.state import RunState
 from hpcrl.train.config import OptimizerConfig
 from hpcrl.train.megatron_optimizer import wrap_ddp
 from hpcrl.train.model import build_gpt_model, build_train_groups, load_full_state_dict
@@ -117,13 +126,27 @@ def fp16_tiny_loss_update(rank: int, world_size: int, scaled: bool) -> dict:
     return {"grad_norm": result["grad_norm"], "skipped": result["update_skipped_nonfinite"], "scale": scale}
 
 
-def megatron_vs_torch_backend(rank: int, world_size: int, tensor: int, dtype: str, fake_cuda: bool) -> dict:
-    """The megatron backend (DDP + DistributedOptimizer) against the torch backend: 3 updates from the same
-    weights (loaded AFTER the optimizer was built, as a test or an HF load would); then the sharded optimizer
-    state is read back whole through the checkpoint interface and loaded into a fresh megatron trainer.
-    On CUDA as is; with `fake_cuda` on CPU, with CUDA device strings faked inside megatron's optimizer
+def _trainer(cfg, groups, backend: str, fake_cuda: bool):
+    """A policy trainer of `backend`, weights loaded AFTER the optimizer was built (as a test or an HF
+    load would). `fake_cuda`: resolve_backend's CUDA check is part of the faked GPU boundary."""
+    from hpcrl.train import update
+
+    optim_cfg = OptimizerConfig(lr=1e-2, micro_batch_size=MICRO_BATCH, backend=backend)
+    real_resolve = update.resolve_backend
+    if fake_cuda:
+        update.resolve_backend = lambda cfg, key=None: cfg.backend
+    try:
+        trainer = build_policy_trainer(cfg, optim_cfg, groups)
+    finally:
+        update.resolve_backend = real_resolve
+    load_full_state_dict(trainer.model, random_full_state_dict(cfg, seed=3), cfg, groups)
+    return trainer
+
+
+def _enter_gpu_boundary(rank: int, fake_cuda: bool) -> None:
+    """On CUDA: this rank's device. With `fake_cuda` on CPU: megatron's CUDA device strings faked
     (tests/train/_fake_cuda_strings.py)."""
-    from hpcrl.train import megatron_compat, update
+    from hpcrl.train import megatron_compat
     from tests.train import _fake_cuda_strings
 
     if fake_cuda:
@@ -131,23 +154,21 @@ def megatron_vs_torch_backend(rank: int, world_size: int, tensor: int, dtype: st
         _fake_cuda_strings.install()
     else:
         torch.cuda.set_device(rank)
+
+
+def megatron_vs_torch_backend(rank: int, world_size: int, tensor: int, dtype: str, fake_cuda: bool) -> dict:
+    """The megatron backend (DDP + DistributedOptimizer) against the torch backend: 3 updates from the same
+    weights; then the sharded optimizer state is read back whole through the checkpoint interface and
+    loaded into a fresh megatron trainer, which must then hold the same state and take the same next two
+    updates (the second depends on the loaded moments and step)."""
+    _enter_gpu_boundary(rank, fake_cuda)
     groups = build_train_groups(tensor, 1, world_size // tensor)
     cfg = tiny_config(dtype=dtype)
     batch = tiny_batch(cfg, seed=groups.dp_rank)
-
-    def trainer_of(backend: str):
-        optim_cfg = OptimizerConfig(lr=1e-2, micro_batch_size=MICRO_BATCH, backend=backend)
-        real_resolve = update.resolve_backend
-        if fake_cuda:  # resolve_backend's CUDA check is part of the faked boundary
-            update.resolve_backend = lambda cfg, key=None: cfg.backend
-        try:
-            trainer = build_policy_trainer(cfg, optim_cfg, groups)
-        finally:
-            update.resolve_backend = real_resolve
-        load_full_state_dict(trainer.model, random_full_state_dict(cfg, seed=3), cfg, groups)
-        return trainer
-
-    reference, megatron = trainer_of("torch"), trainer_of("megatron")
+    reference, megatron = (
+        _trainer(cfg, groups, "torch", fake_cuda),
+        _trainer(cfg, groups, "megatron", fake_cuda),
+    )
     losses = {
         name: [t.update(batch, policy_loss)["loss"] for _ in range(3)]
         for name, t in (("torch", reference), ("megatron", megatron))
@@ -159,7 +180,7 @@ def megatron_vs_torch_backend(rank: int, world_size: int, tensor: int, dtype: st
         sa, sb = reference.param_state(a), megatron.param_state(b)
         for key in ("exp_avg", "exp_avg_sq"):
             state_diff = max(state_diff, float((sa[key].float() - sb[key].float()).abs().max()))
-    fresh = trainer_of("megatron")
+    fresh = _trainer(cfg, groups, "megatron", fake_cuda)
     for src, dst in zip(megatron.model.parameters(), fresh.model.parameters(), strict=True):
         state = megatron.param_state(src)
         fresh.load_param_state(dst, state.get("master", src.detach()), state)
@@ -167,22 +188,63 @@ def megatron_vs_torch_backend(rank: int, world_size: int, tensor: int, dtype: st
         "losses": losses,
         "param_diff": param_diff,
         "state_diff": state_diff,
-        "next_losses": [
-            megatron.update(batch, policy_loss)["loss"],
-            fresh.update(batch, policy_loss)["loss"],
-        ],
+        "restored_diff": _state_diff(megatron, fresh),
+        "next_losses": [[t.update(batch, policy_loss)["loss"] for _ in range(2)] for t in (megatron, fresh)],
         "update_type": type(megatron.update_step).__name__,
         "owned_fraction": _owned_fraction(megatron),
     }
 
 
+def _state_diff(a, b) -> float:
+    """Max |difference| over every parameter's value and checkpoint state (keys must match)."""
+    diff = 0.0
+    for pa, pb in zip(a.model.parameters(), b.model.parameters(), strict=True):
+        sa, sb = a.param_state(pa), b.param_state(pb)
+        assert sa.keys() == sb.keys(), (sa.keys(), sb.keys())
+        for x, y in [(pa.detach(), pb.detach()), *((sa[k], sb[k]) for k in sa)]:
+            diff = max(diff, float((x.float() - y.float()).abs().max()))
+    return diff
+
+
 def _owned_fraction(trainer) -> float:
     """Share of this rank's parameter elements whose master and moments it holds (1/d under ZeRO-1)."""
-    update = trainer.update_step
-    owned = sum(
-        end - start for p in trainer.model.parameters() if (o := update._owned(p)) for start, end in [o[0]]
-    )
+    owned = sum(shard.end - shard.start for shard in trainer.update_step.owned_shards().values())
     return owned / sum(p.numel() for p in trainer.model.parameters())
+
+
+def megatron_save(rank: int, world_size: int, root: str, dtype: str) -> dict:
+    """Megatron backend (CUDA strings faked) at d=world_size: 2 updates, then an hpcrl checkpoint of its
+    weights, masters and sharded Adam state. Returns that state (whole per parameter, by name)."""
+    _enter_gpu_boundary(rank, True)
+    groups = build_train_groups(1, 1, world_size)
+    cfg = tiny_config(dtype=dtype)
+    trainer = _trainer(cfg, groups, "megatron", True)
+    for _ in range(2):
+        trainer.update(tiny_batch(cfg, seed=groups.dp_rank), policy_loss)
+    Checkpointer(root, group=dist.group.WORLD, async_save=False).save(
+        2, trainer_shards(trainer), RunState(step=2), layout={"t": 1, "p": 1, "d": world_size}
+    )
+    return _named_state(trainer)
+
+
+def megatron_load(rank: int, world_size: int, root: str, dtype: str) -> dict:
+    """A fresh megatron trainer (CUDA strings faked) at d=world_size loads that checkpoint. Returns its
+    state whole per parameter (gathered over this DP size), by name, and how much of it this rank holds."""
+    _enter_gpu_boundary(rank, True)
+    groups = build_train_groups(1, 1, world_size)
+    trainer = _trainer(tiny_config(dtype=dtype), groups, "megatron", True)
+    manifest = read_manifest(read_latest(Path(root)))
+    load_into_trainer(
+        trainer, load_checkpoint(root, trainer_specs(trainer, manifest), group=dist.group.WORLD).tensors
+    )
+    return {"state": _named_state(trainer), "owned_fraction": _owned_fraction(trainer)}
+
+
+def _named_state(trainer) -> dict[str, dict[str, torch.Tensor]]:
+    return {
+        name: {"value": param.detach().float().clone(), **trainer.param_state(param)}
+        for name, param in trainer.model.named_parameters()
+    }
 
 
 def fp16_loss_scale_survives_a_checkpoint(rank: int, world_size: int, run_dir: str) -> dict:
