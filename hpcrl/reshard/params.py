@@ -3,7 +3,7 @@
 All names are *global* Megatron names (layer numbers of the p=1 model). Shapes are global (t=1).
 The planner only needs this metadata, never a process group.
 
-Split kinds (megatron-core column/row parallel linear layers; FACTS.md "megatron-core <-> HF parity"):
+Split kinds (megatron-core column/row parallel linear layers; docs/FACTS.md "megatron-core <-> Hugging Face parity"):
   COLUMN     dim 0 cut into t contiguous chunks (plain column-parallel)
   VOCAB      dim 0 cut into t contiguous chunks (vocab-parallel embedding / output layer)
   QKV        dim 0 cut into t contiguous chunks of the per-query-group interleaved `linear_qkv`

@@ -1,4 +1,8 @@
-"""The two collectives the reshard engines use, behind one interface, plus a counting wrapper.
+"""The collectives the reshard engines use, behind one interface, plus a counting wrapper.
+
+all_gather and broadcast serve the colocated engines; `exchange` (a batch of point-to-point sends and
+receives, all posted before any is waited on, so no order of peers can deadlock) serves the cross-pool
+transfer (cross_pool_transfer.py), where the two sides are disjoint rank sets.
 
 `TorchTransport` runs them on torch.distributed groups (gloo on CPU, NCCL on GPU; same code). A failed or
 timed-out collective becomes `CollectiveError` naming the operation, the group family and its ranks,
@@ -10,10 +14,13 @@ tests and benchmarks assert volumes from these numbers.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
+
+from hpcrl.distributed.groups import new_group
 
 
 class CollectiveError(RuntimeError):
@@ -42,6 +49,16 @@ class Transport(Protocol):
     def broadcast(self, tensor: torch.Tensor, src: int, group: Group, tag: str = "") -> None:
         """tensor on every member <- tensor of global rank `src`."""
 
+    def exchange(
+        self,
+        sends: Sequence[tuple[torch.Tensor, int]],
+        recvs: Sequence[tuple[torch.Tensor, int]],
+        group: Group,
+        tag: str = "",
+    ) -> None:
+        """Send each (tensor, global dst) and fill each (tensor, global src), all in flight at once;
+        returns when all are complete. Peers call it with the matching halves."""
+
 
 class TorchTransport:
     """torch.distributed collectives; errors name the group."""
@@ -59,6 +76,25 @@ class TorchTransport:
         import torch.distributed as dist
 
         self._run("broadcast", group, lambda: dist.broadcast(tensor, src=src, group=group.handle))
+
+    def exchange(
+        self,
+        sends: Sequence[tuple[torch.Tensor, int]],
+        recvs: Sequence[tuple[torch.Tensor, int]],
+        group: Group,
+        tag: str = "",
+    ) -> None:
+        import torch.distributed as dist
+
+        ops = [dist.P2POp(dist.isend, t, peer=dst, group=group.handle) for t, dst in sends]
+        ops += [dist.P2POp(dist.irecv, t, peer=src, group=group.handle) for t, src in recvs]
+
+        def run() -> None:
+            # batch_isend_irecv: one NCCL group call (concurrent, no peer-order deadlock); isend/irecv on gloo
+            for work in dist.batch_isend_irecv(ops) if ops else []:
+                work.wait()
+
+        self._run("exchange", group, run)
 
     def _run(self, op: str, group: Group, call) -> None:
         try:
@@ -107,6 +143,19 @@ class CountingTransport:
         else:
             tally.bytes_received += size
 
+    def exchange(
+        self,
+        sends: Sequence[tuple[torch.Tensor, int]],
+        recvs: Sequence[tuple[torch.Tensor, int]],
+        group: Group,
+        tag: str = "",
+    ) -> None:
+        self.inner.exchange(sends, recvs, group, tag)
+        tally = self.tallies[self.key(group, tag)]
+        tally.calls += 1
+        tally.bytes_sent += sum(t.numel() * t.element_size() for t, _ in sends)
+        tally.bytes_received += sum(t.numel() * t.element_size() for t, _ in recvs)
+
     def total(self, prefix: str = "") -> Tally:
         out = Tally()
         for key, tally in self.tallies.items():
@@ -130,8 +179,6 @@ def make_groups(
     ProcessGroup) lets a sequence of layouts reuse groups; it must evolve identically on every rank.
     """
     import torch.distributed as dist
-
-    from hpcrl.distributed.groups import new_group
 
     cache = {} if cache is None else cache
     me = dist.get_rank()
