@@ -62,7 +62,7 @@ def _dd_mb_s(directory: Path, total_mb: int) -> float:
 
 
 def _save_s(directory: Path, shards: list[ShardedTensor], step: int) -> float:
-    ck = Checkpointer(directory / "sync", keep_last=1)
+    ck = Checkpointer(directory / "sync", keep_last=1, async_save=False)
     start = time.perf_counter()
     ck.save(step, shards, RunState(step=step))
     elapsed = time.perf_counter() - start
@@ -143,7 +143,7 @@ def _reshard_rank(rank: int, world_size: int, root: str, rows: int, cols: int) -
     shard = ShardedTensor(
         "w", full[tp * rows // 2 : (tp + 1) * rows // 2].clone(), (rows, cols), (tp * rows // 2, 0)
     )
-    Checkpointer(root, group=dist.group.WORLD).save(1, [shard], RunState(step=1))
+    Checkpointer(root, group=dist.group.WORLD, async_save=False).save(1, [shard], RunState(step=1))
     sub = dist.new_group([0, 1])
     if rank >= 2:
         return {}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# GPU acceptance check, sized for the GPU machine this project can be lent (../shared/FACTS.md, "The lent
-# GPU machine": one H200, python3 = Python 3.12 with torch 2.11 + CUDA 13 and transformers; no vLLM, no
-# megatron-core; nothing reachable from it; 15 device-minutes a session). One device call, < 8 minutes:
+# GPU acceptance check, sized for the GPU machine this project can be lent (one H200, python3 = Python
+# 3.12 with torch 2.11 + CUDA 13 and transformers; no vLLM, no megatron-core; nothing reachable from it;
+# 15 device-minutes a session). One device call, < 8 minutes:
 #   here:   bash launch/gpu_wheels.sh                    # megatron-core, submitit, jsonargparse -> .whl/
 #   device: run(command="bash launch/gpu_check.sh", carry=[".whl"], timeout_s=540)
 # It installs the carried wheels (no torch install: the image's torch is used), runs every `gpu`-marked test

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Download, HERE (a machine that reaches PyPI), the pure-Python wheels that launch/gpu_check.sh installs on
-# the lent GPU machine (../shared/FACTS.md, "The lent GPU machine": Python 3.12 with its own torch 2.11 +
-# CUDA 13, transformers, h5py, ...; no megatron-core, submitit or jsonargparse; nothing reachable from it).
+# the lent GPU machine (Python 3.12 with its own torch 2.11 + CUDA 13, transformers, h5py, ...; no
+# megatron-core, submitit or jsonargparse; nothing reachable from it).
 # ~3.7 MB into .whl/ (git-ignored; the device call names it in `carry`). Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."

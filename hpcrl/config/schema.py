@@ -1,10 +1,12 @@
-"""Key-by-key checking of plain YAML data against the experiment dataclasses.
+"""Key-by-key checking of plain YAML data against the experiment dataclasses: THE validation of templates
+and command-line overrides (hpcrl.config.resolve, hpcrl.cli.common), and of benchmark suite templates
+(hpcrl.bench.runner).
 
-jsonargparse stops at the first bad key; a template author wants every problem at once, each with the
-file and dotted key. So the dataclasses' own type hints are walked here: unknown keys (with the closest
-valid key, from difflib), wrong types, and fields without a default that nobody set. Values are also
-normalised (YAML lists -> tuples, ints -> floats where a float is declared) so that `build` can make
-the dataclass directly.
+jsonargparse (which parses the command line's own options) stops at the first bad key; a template author
+wants every problem at once, each with the file and dotted key. So the dataclasses' own type hints are
+walked here: unknown keys (with the closest valid key, from difflib), wrong types, and fields without a
+default that nobody set. Values are also normalised (YAML lists -> tuples, ints -> floats where a float is
+declared) so that `build` can make the dataclass directly.
 """
 
 from __future__ import annotations

@@ -10,23 +10,28 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TYPE_CHECKING
+
+from hpcrl.config.rules import gpus_per_node
 
 if TYPE_CHECKING:
     from hpcrl.config.experiment import ExperimentConfig
 
 GIB = 1024**3
-# Nominal memory of one device, GiB (vendor datasheets).
-GPU_MEMORY_GIB = {
-    "a100": 80,
-    "a100-40": 40,
-    "a100_40g": 40,
-    "h100": 80,
-    "h200": 141,
-    "v100": 32,
-    "l40s": 48,
-    "a10": 24,
-}
+# Nominal memory of one device, GiB (vendor datasheets); read-only, like every module-level table.
+GPU_MEMORY_GIB = MappingProxyType(
+    {
+        "a100": 80,
+        "a100-40": 40,
+        "a100_40g": 40,
+        "h100": 80,
+        "h200": 141,
+        "v100": 32,
+        "l40s": 48,
+        "a10": 24,
+    }
+)
 DEFAULT_GPU = "a100"
 
 
@@ -58,8 +63,6 @@ def gpu_type(cfg: ExperimentConfig) -> str:
 
 def device_capacity(cfg: ExperimentConfig, *, host_bytes: float | None = None) -> tuple[Capacity, Capacity]:
     """(device, host) capacity per rank. A job without GPUs computes in host RAM (device = host)."""
-    from hpcrl.config.rules import gpus_per_node
-
     tasks = max(1, cfg.cluster.tasks_per_node)
     if cfg.cluster.mem_gb:
         host = Capacity(

@@ -27,6 +27,8 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hpcrl.plan.memory import dims_of
+
 if TYPE_CHECKING:
     from hpcrl.config.experiment import ExperimentConfig
 
@@ -47,13 +49,14 @@ def _grpo_like_loss(outputs, mb):
 
 
 def _synthetic_batch(cfg: ExperimentConfig, sequences: int, seed: int):
+    # torch is imported only where something is measured: `hpcrl plan` (hpcrl.plan.memory) never loads it
     import torch
 
     from hpcrl.train.batch import TrainBatch
 
     s = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
     gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, cfg.model.vocab_size, (sequences, s), generator=gen)
+    ids = torch.randint(0, dims_of(cfg).vocab, (sequences, s), generator=gen)  # config.json's with hf_path
     attention = torch.ones(sequences, s, dtype=torch.bool)
     response = torch.zeros(sequences, s, dtype=torch.bool)
     response[:, -cfg.rollout.max_new_tokens :] = True
@@ -68,6 +71,7 @@ def _synthetic_batch(cfg: ExperimentConfig, sequences: int, seed: int):
 
 def update_peak_rank(rank: int, world_size: int, cfg: ExperimentConfig, steps: int) -> dict:  # noqa: ARG001
     """Rank function: build the actor, run 1 warm-up + `steps` profiled update steps, return peaks."""
+    # torch and megatron-core (the trainer): loaded only in a measuring rank
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -156,6 +160,6 @@ def _cuda_peak(trainer, batch, steps: int, baseline_rss: int) -> dict:
 
 def measure_update_peak(cfg: ExperimentConfig, steps: int = 2) -> list[dict]:
     """Per-rank peaks of `steps` actor update steps under cfg's training layout (spawned gloo ranks)."""
-    from hpcrl.distributed.spawn import run_ranks
+    from hpcrl.distributed.spawn import run_ranks  # torch: loaded only when something is measured
 
     return run_ranks(update_peak_rank, cfg.parallel.world_size, cfg, steps)

@@ -21,26 +21,22 @@ device total to the host-only parts (async checkpoint snapshot, prompt dataset).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hpcrl.errors import ConfigError, Problem
+from hpcrl.config.rules import gpus_per_node
 from hpcrl.plan import formulas as fm
 from hpcrl.plan.capacity import Capacity, device_capacity
 from hpcrl.rl.algorithms import ALGORITHMS
+from hpcrl.rollout.engine_rule import EngineFacts, resolve_engine, sleeps_between_steps
+from hpcrl.train.hf_config import ModelDimsUnavailable as ModelDimsUnavailable  # submit's name
+from hpcrl.train.hf_config import with_hf_architecture
 
 if TYPE_CHECKING:
     from hpcrl.config.experiment import ExperimentConfig
 
 GIB = 1024**3
 PERSISTENT = "persistent"
-
-
-class ModelDimsUnavailable(ConfigError):
-    """`model.hf_path` is not readable here (e.g. a path that exists only on the cluster): no plan.
-    `submit` may warn and go on; `hpcrl plan` reports it (exit 2)."""
 
 
 @dataclass(frozen=True)
@@ -119,18 +115,24 @@ class MemoryPlan:
         return out
 
 
+PLANNED_FIELDS = (
+    "family",
+    "vocab_size",
+    "hidden_size",
+    "num_layers",
+    "num_attention_heads",
+    "num_query_groups",
+    "ffn_hidden_size",
+    "tie_word_embeddings",
+)
+"""The ModelConfig fields the plan needs: a template with `hf_path` that sets these is planned from them
+alone where config.json is not readable."""
+
+
 def dims_of(cfg: ExperimentConfig) -> fm.Dims:
-    """Model dims from `model` fields, or from `<hf_path>/config.json` when hf_path is set."""
-    m = cfg.model
-    if m.hf_path:
-        path = Path(m.hf_path) / "config.json"
-        try:
-            hf = json.loads(path.read_text())
-            return _dims_from_hf(hf, m.family)
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            raise ModelDimsUnavailable(
-                Problem(f"cannot read the model dims from {path}: {err!r}", key="model.hf_path")
-            ) from err
+    """Model dims from `<hf_path>/config.json` when it is readable here (the template's own values
+    checked against it), else from the `model` fields (hpcrl.train.hf_config.with_hf_architecture)."""
+    m = with_hf_architecture(cfg.model, need=PLANNED_FIELDS)
     return fm.Dims(
         vocab=m.vocab_size,
         hidden=m.hidden_size,
@@ -139,21 +141,8 @@ def dims_of(cfg: ExperimentConfig) -> fm.Dims:
         kv_heads=m.num_query_groups,
         ffn=m.ffn_hidden_size,
         tied=m.tie_word_embeddings,
-        qkv_bias=m.qkv_bias,
-    )
-
-
-def _dims_from_hf(hf: dict, family: str) -> fm.Dims:
-    """Dims from an HF Llama/Qwen2 config.json."""
-    return fm.Dims(
-        vocab=hf["vocab_size"],
-        hidden=hf["hidden_size"],
-        layers=hf["num_hidden_layers"],
-        heads=hf["num_attention_heads"],
-        kv_heads=hf.get("num_key_value_heads", hf["num_attention_heads"]),
-        ffn=hf["intermediate_size"],
-        tied=bool(hf.get("tie_word_embeddings", False)),
-        qkv_bias=family == "qwen2",
+        # unset only with hf_path and no config.json here; qwen2 always has the biases, llama never
+        qkv_bias=m.qkv_bias if m.qkv_bias is not None else m.family == "qwen2",
     )
 
 
@@ -206,8 +195,6 @@ def predict(cfg: ExperimentConfig, *, host_bytes: float | None = None) -> Memory
 
 def uses_megatron_optimizer(cfg: ExperimentConfig) -> bool:
     """backend megatron, or auto on a GPU job (hpcrl.train.update.resolve_backend picks it with CUDA)."""
-    from hpcrl.config.rules import gpus_per_node
-
     return cfg.optim.backend == "megatron" or (cfg.optim.backend == "auto" and gpus_per_node(cfg) > 0)
 
 
@@ -289,9 +276,6 @@ def _rollout_engine(cfg: ExperimentConfig) -> tuple[str, bool]:
     """(engine the element runs, whether it sleeps between steps): hpcrl.rollout.engine_rule's decision
     for this element's GPUs; a GPU job whose vLLM is not installed here is planned as vLLM when it asks
     for it (the compute nodes may have it)."""
-    from hpcrl.config.rules import gpus_per_node
-    from hpcrl.rollout.engine_rule import EngineFacts, resolve_engine, sleeps_between_steps
-
     gpus = gpus_per_node(cfg)
     facts = EngineFacts(cuda=gpus > 0, vllm=gpus > 0 or EngineFacts.for_element(0).vllm)
     par = cfg.parallel

@@ -16,11 +16,15 @@ from hpcrl.rollout.config import RolloutConfig
 
 @dataclass(frozen=True, kw_only=True)
 class SamplingParams:
+    """How one generate call samples; the defaults are RolloutConfig's (the settings' one home)."""
+
     max_new_tokens: int
-    temperature: float = 1.0
+    """Response tokens at most."""
+    temperature: float = RolloutConfig.temperature
     """0 = greedy; log-probs are then reported at temperature 1."""
-    top_p: float = 1.0
-    top_k: int = 0
+    top_p: float = RolloutConfig.top_p
+    """Nucleus sampling mass; 1 disables top-p."""
+    top_k: int = RolloutConfig.top_k
     """0 disables top-k."""
 
     @classmethod

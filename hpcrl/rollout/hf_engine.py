@@ -3,7 +3,7 @@
 Log-probs of the sampled tokens come from the raw logits generate returns (`output_logits=True`),
 divided by the sampling temperature, i.e. the same distribution the trainer evaluates (top-k/top-p
 truncation is not part of the log-prob, as in verl). Use `attn_implementation="eager"` for bit-exact
-parity with megatron at TP=1 (FACTS).
+parity with megatron at TP=1 (docs/FACTS.md).
 """
 
 from __future__ import annotations
@@ -14,13 +14,12 @@ import torch
 
 from hpcrl.rollout.base import GenerationOutput, SamplingParams, left_pad, response_mask_from_eos
 from hpcrl.train.config import ModelConfig
+from hpcrl.train.hf_convert import model_config_to_hf
 
 
 def build_hf_causal_lm(cfg: ModelConfig, attn_implementation: str = "eager"):
     """An HF causal LM of the configured architecture (weights random; `load_weights` fills them)."""
     from transformers import AutoModelForCausalLM
-
-    from hpcrl.train.hf_convert import model_config_to_hf
 
     if cfg.hf_path is not None:
         return AutoModelForCausalLM.from_pretrained(

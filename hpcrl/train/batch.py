@@ -16,7 +16,7 @@ import torch
 class TrainBatch:
     """One DP rank's batch (or a micro-batch of it). The RL driver fills the first four fields.
 
-    Positions: megatron's RoPE always uses positions 0..T-1 and ignores position_ids (FACTS). Left
+    Positions: megatron's RoPE always uses positions 0..T-1 and ignores position_ids (docs/FACTS.md). Left
     padding is still exact (RoPE depends on relative positions only), so `position_ids_BT`, when given,
     is only checked: each row's positions on real tokens must be consecutive. Packed sequences (positions
     restarting inside a row) are rejected, since megatron's local attention cannot mask them.

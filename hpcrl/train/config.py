@@ -3,46 +3,86 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Literal
+
+TINY_MODEL = MappingProxyType(
+    {
+        "family": "llama",
+        "vocab_size": 32,
+        "hidden_size": 64,
+        "num_layers": 2,
+        "num_attention_heads": 4,
+        "num_query_groups": 2,
+        "ffn_hidden_size": 128,
+        "max_position_embeddings": 64,
+        "rope_theta": 10000.0,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": False,
+        "qkv_bias": False,
+    }
+)
+"""The architecture fields' defaults without `hf_path`: a tiny Llama that trains in seconds on one CPU.
+With `hf_path` an unset field takes config.json's value instead (hpcrl.train.hf_config), so a field's
+default cannot sit in the dataclass: None there means "not set"."""
+ARCHITECTURE_FIELDS = tuple(TINY_MODEL)
+"""ModelConfig fields that describe the architecture (what an HF config.json also says)."""
 
 
 @dataclass(kw_only=True)
 class ModelConfig:
-    """A Llama/Qwen2-family decoder, built as a megatron-core GPTModel and as an HF model.
+    """A Llama/Qwen2-family decoder, built as a megatron-core GPTModel and as an HF model. Architecture
+    fields (family ... qkv_bias) left null come from `hf_path`'s config.json, or without `hf_path` from
+    the tiny test model (hpcrl.train.config.TINY_MODEL).
 
-    When `hf_path` is set the architecture fields are read from that HF directory and these are ignored.
+    With `hf_path`, the architecture values a template sets are checked against config.json wherever it
+    is readable (`hpcrl plan`, `submit`'s memory preflight, each rank before loading weights): a mismatch
+    is an error naming the key and both values. Where config.json is not readable (a path that exists
+    only on the cluster), `hpcrl plan` works from the template's values alone.
     """
 
-    family: Literal["llama", "qwen2"] = "llama"
-    """HF architecture the weights convert to: LlamaForCausalLM or Qwen2ForCausalLM."""
+    family: Literal["llama", "qwen2"] | None = None
+    """HF architecture the weights convert to: LlamaForCausalLM (llama) or Qwen2ForCausalLM (qwen2);
+    config.json's `model_type`."""
     hf_path: str | None = None
-    """An HF model directory (config.json + safetensors) to start from; None builds from the fields below."""
-    vocab_size: int = 32
+    """An HF model directory (config.json + safetensors) to start from; None builds from the fields of
+    this section (random init from `init_seed`)."""
+    vocab_size: int | None = None
     """Vocabulary size; must divide by every tensor-parallel size used (GPTModel does not pad)."""
-    hidden_size: int = 64
+    hidden_size: int | None = None
     """Model width H."""
-    num_layers: int = 2
-    """Transformer layers; must divide by the pipeline-parallel size."""
-    num_attention_heads: int = 4
+    num_layers: int | None = None
+    """Transformer layers; must divide by the pipeline-parallel size. config.json: num_hidden_layers."""
+    num_attention_heads: int | None = None
     """Query heads NH; must divide by the tensor-parallel size."""
-    num_query_groups: int = 2
-    """Key/value heads NG (GQA); NH must divide by NG."""
-    ffn_hidden_size: int = 128
-    """SwiGLU inner width."""
-    max_position_embeddings: int = 64
+    num_query_groups: int | None = None
+    """Key/value heads NG (GQA); NH must divide by NG. config.json: num_key_value_heads."""
+    ffn_hidden_size: int | None = None
+    """SwiGLU inner width. config.json: intermediate_size."""
+    max_position_embeddings: int | None = None
     """Longest prompt + response the model accepts."""
-    rope_theta: float = 10000.0
+    rope_theta: float | None = None
     """RoPE base."""
-    rms_norm_eps: float = 1e-6
+    rms_norm_eps: float | None = None
     """RMSNorm epsilon."""
-    tie_word_embeddings: bool = False
+    tie_word_embeddings: bool | None = None
     """Share input embedding and output layer."""
-    qkv_bias: bool = False
-    """Bias on q/k/v projections (Qwen2: True)."""
+    qkv_bias: bool | None = None
+    """Bias on q/k/v projections (qwen2 always, llama never; not a config.json key: its family says)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Parameter dtype; CPU runs use float32."""
     init_seed: int = 1234
     """Seed of the random initialisation (used when hf_path is None)."""
+
+    def __post_init__(self) -> None:
+        """Without `hf_path` nothing else can say the architecture: unset fields take TINY_MODEL's."""
+        if self.hf_path is None:
+            for name in self.unset_architecture():
+                setattr(self, name, TINY_MODEL[name])
+
+    def unset_architecture(self) -> list[str]:
+        """Architecture fields still None (only possible with `hf_path`: config.json's to fill)."""
+        return [name for name in ARCHITECTURE_FIELDS if getattr(self, name) is None]
 
 
 @dataclass(kw_only=True)

@@ -16,7 +16,7 @@ Public functions
 - `gather_tp_shards(name, shards)`                -> the full tensor from all TP ranks' shards (in order)
 - `layer_index(name)` / `with_layer_index(name, i)` -> read/replace the decoder layer number
 
-Layouts (FACTS.md "megatron-core <-> Hugging Face parity"); NH query heads, NG kv groups, HD head dim:
+Layouts (docs/FACTS.md "megatron-core <-> Hugging Face parity"); NH query heads, NG kv groups, HD head dim:
 - `linear_qkv.weight` [(NH + 2 NG) HD, H]: NG groups, each [q rows of its NH/NG heads; k; v].
   A TP shard holds whole groups (dim 0), so a plain dim-0 concatenation of shards restores it.
 - `linear_fc1.weight` [2 FFN, H] = [gate; up]; a TP shard is [gate_r; up_r], so gates and ups are
@@ -34,6 +34,7 @@ import torch
 
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.train.config import ModelConfig
+from hpcrl.train.hf_config import architecture_from_hf
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 
@@ -111,41 +112,11 @@ def model_config_to_hf(cfg: ModelConfig):
 
 
 def model_config_from_hf(hf_config, **overrides) -> ModelConfig:
-    """A ModelConfig read from an HF LlamaConfig / Qwen2Config; `overrides` set the non-architecture fields."""
-    model_type = getattr(hf_config, "model_type", None)
-    if model_type not in ("llama", "qwen2"):
-        raise ConfigError(f"unsupported HF model_type {model_type!r}: hpcrl converts llama and qwen2")
-    problems = []
-    hd = getattr(hf_config, "head_dim", None)
-    if hd is not None and hd * hf_config.num_attention_heads != hf_config.hidden_size:
-        problems.append(Problem(f"head_dim {hd} * heads != hidden_size (not supported)", key="head_dim"))
-    if model_type == "llama" and (hf_config.attention_bias or getattr(hf_config, "mlp_bias", False)):
-        problems.append(Problem("llama attention_bias/mlp_bias is not supported", key="attention_bias"))
-    if model_type == "qwen2" and getattr(hf_config, "use_sliding_window", False):
-        problems.append(Problem("qwen2 sliding-window attention is not supported", key="use_sliding_window"))
-    rope = getattr(hf_config, "rope_parameters", None) or {}
-    if rope.get("rope_type", "default") != "default":
-        problems.append(
-            Problem(f"rope_type {rope.get('rope_type')!r} is not supported", key="rope_parameters")
-        )
-    if problems:
-        raise ConfigError(problems)
+    """A ModelConfig read from an HF LlamaConfig / Qwen2Config (its keys mapped by
+    hpcrl.train.hf_config, as the planner maps a raw config.json); `overrides` set the other fields."""
+    fields = architecture_from_hf(hf_config.to_dict())
     dtype = getattr(hf_config, "dtype", None) or "float32"
-    fields = dict(
-        family=model_type,
-        vocab_size=hf_config.vocab_size,
-        hidden_size=hf_config.hidden_size,
-        num_layers=hf_config.num_hidden_layers,
-        num_attention_heads=hf_config.num_attention_heads,
-        num_query_groups=hf_config.num_key_value_heads,
-        ffn_hidden_size=hf_config.intermediate_size,
-        max_position_embeddings=hf_config.max_position_embeddings,
-        rope_theta=float(rope.get("rope_theta", 10000.0)),
-        rms_norm_eps=hf_config.rms_norm_eps,
-        tie_word_embeddings=bool(hf_config.tie_word_embeddings),
-        qkv_bias=model_type == "qwen2",
-        dtype=str(dtype).removeprefix("torch."),
-    )
+    fields["dtype"] = str(dtype).removeprefix("torch.")
     fields.update(overrides)
     return ModelConfig(**fields)
 

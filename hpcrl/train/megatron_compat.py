@@ -1,7 +1,7 @@
 """The one place where megatron-core 0.16.1 is made to run on a CPU-only torch (gloo).
 
 megatron-core calls CUDA APIs directly on code paths that have nothing GPU-specific about them
-(see ../shared/FACTS.md, "megatron-core"). Without CUDA those calls raise. `enable()` maps exactly
+(docs/FACTS.md, "megatron-core on a CPU-only torch"). Without CUDA those calls raise. `enable()` maps exactly
 those calls to CPU equivalents. It is:
 
 - explicit: nothing is patched at import time; callers (hpcrl.train.model) call `enable()`;

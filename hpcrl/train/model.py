@@ -244,7 +244,7 @@ def _prepare_megatron(groups: TrainGroups, seed: int) -> None:
 
 
 def transformer_config(cfg: ModelConfig, groups: TrainGroups, *, initialize: bool = True):
-    """megatron TransformerConfig of a Llama/Qwen2 decoder (FACTS: parity settings). `initialize=False`
+    """megatron TransformerConfig of a Llama/Qwen2 decoder (docs/FACTS.md: parity settings). `initialize=False`
     skips the random init (weights that are overwritten before use, e.g. a generation model's)."""
     from megatron.core.transformer import TransformerConfig
 
@@ -479,7 +479,7 @@ def attention_mask_for_megatron(attention_mask_BT: torch.Tensor) -> torch.Tensor
     """HF-style padding mask (1/True = real token) -> megatron's boolean [B, 1, T, T], True = masked out.
 
     Causal and key padding combined: megatron's local attention uses a given mask as-is, and with None
-    it builds one on device "cuda" (FACTS). Query rows of padding see no key; megatron fills them with
+    it builds one on device "cuda" (docs/FACTS.md). Query rows of padding see no key; megatron fills them with
     -10000 (uniform softmax, finite), and their outputs are ignored by every loss.
     """
     keep_BT = attention_mask_BT.bool()

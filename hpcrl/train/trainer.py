@@ -39,6 +39,7 @@ import torch.distributed as dist
 from hpcrl.train import hf_convert
 from hpcrl.train.batch import TrainBatch
 from hpcrl.train.config import ModelConfig, OptimizerConfig
+from hpcrl.train.hf_config import with_hf_architecture
 from hpcrl.train.logprobs import HeadOutputs, PolicyHead, ValueHead
 from hpcrl.train.model import (
     _DTYPES,
@@ -68,7 +69,8 @@ class Trainer:
     ):
         self.model, self.model_cfg, self.groups, self.head = model, model_cfg, groups, head
         self.optim_cfg = optim_cfg
-        self.micro_batch_size = optim_cfg.micro_batch_size if optim_cfg else 8
+        # a reference model has no optimizer section: OptimizerConfig still owns the micro-batch default
+        self.micro_batch_size = (optim_cfg or OptimizerConfig()).micro_batch_size
         self.update_step: UpdateStep | None = None  # None for a reference model
         if optim_cfg is not None:
             lr = lr if lr is not None else optim_cfg.lr
@@ -227,6 +229,13 @@ def _kept_fields(cfg: ModelConfig) -> dict:
     return {"dtype": cfg.dtype, "init_seed": cfg.init_seed}
 
 
+def _from_hf(cfg: ModelConfig, groups: TrainGroups, *, value_head: bool = False):
+    """(model, ModelConfig of the directory) for `cfg.hf_path`. The template's own architecture values
+    are checked against config.json first: a mismatch is a ConfigError before any weight is read."""
+    with_hf_architecture(cfg)
+    return build_model_from_hf(cfg.hf_path, groups, value_head=value_head, **_kept_fields(cfg))
+
+
 def _build(model, cfg, groups, head, optim_cfg, lr):
     return Trainer(model, cfg, groups, head, optim_cfg=optim_cfg, lr=lr)
 
@@ -241,7 +250,7 @@ def build_policy_trainer(
     """Actor (with optimizer) or reference (optim_cfg=None): log-probs and entropy from the LM head.
     Loads `model_cfg.hf_path` when set, else random init from `model_cfg.init_seed`."""
     if model_cfg.hf_path:
-        model, model_cfg = build_model_from_hf(model_cfg.hf_path, groups, **_kept_fields(model_cfg))
+        model, model_cfg = _from_hf(model_cfg, groups)
     else:
         model = build_gpt_model(model_cfg, groups)
     return _build(
@@ -252,9 +261,7 @@ def build_policy_trainer(
 def build_value_trainer(model_cfg: ModelConfig, optim_cfg: OptimizerConfig, groups: TrainGroups) -> Trainer:
     """Critic: the same trunk with a ScalarHead; lr = optim_cfg.critic_lr or optim_cfg.lr."""
     if model_cfg.hf_path:
-        model, model_cfg = build_model_from_hf(
-            model_cfg.hf_path, groups, value_head=True, **_kept_fields(model_cfg)
-        )
+        model, model_cfg = _from_hf(model_cfg, groups, value_head=True)
     else:
         model = build_gpt_model(model_cfg, groups, value_head=True)
     lr = optim_cfg.critic_lr if optim_cfg.critic_lr is not None else optim_cfg.lr

@@ -50,7 +50,7 @@ def resume(ck: Checkpointer) -> int:
 def rerun(root: Path, until: int) -> int:
     """One (re)run of the job: resume, then a sync save of every step up to `until`. Returns the step
     it resumed at."""
-    ck = Checkpointer(root, keep_last=2)
+    ck = Checkpointer(root, keep_last=2, async_save=False)
     start = resume(ck)
     for step in range(start + 1, until + 1):
         ck.save(step, [ShardedTensor.whole(n, t) for n, t in content(step).items()], RunState(step=step))

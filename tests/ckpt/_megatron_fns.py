@@ -31,7 +31,7 @@ def train_save_train(rank: int, world_size: int, root: str, tensor: int, pipelin
     load_full_state_dict(trainer.model, random_full_state_dict(cfg, seed=11), cfg, groups)
     batches = [tiny_batch(cfg, seed=s) for s in range(4)]
     losses = [trainer.update(batches[i], policy_loss)["loss"] for i in range(2)]
-    ck = Checkpointer(root, group=dist.group.WORLD)
+    ck = Checkpointer(root, group=dist.group.WORLD, async_save=False)
     ck.save(
         2,
         trainer_shards(trainer),

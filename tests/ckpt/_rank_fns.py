@@ -22,7 +22,7 @@ def save_then_reshard_load(
     t, p = save_tp
     tensors = global_tensors(seed=7)
     torch.manual_seed(100 + rank)
-    ck = Checkpointer(root, group=dist.group.WORLD)
+    ck = Checkpointer(root, group=dist.group.WORLD, async_save=False)
     state = RunState(step=5, data_cursor={"epoch": 0, "index": 40}, run_id="run-7")
     ck.save(5, rank_shards(tensors, rank, t, p), state, layout={"t": t, "p": p, "d": world_size // (t * p)})
     next_draw = torch.rand(3)
@@ -49,7 +49,7 @@ def fallback_when_one_rank_sees_corruption(rank: int, world_size: int, root: str
     """2 ranks save steps 1 and 2 (t=2); rank 0 flips a byte of rank 1's file of step 2, which only
     rank 1 reads. Both ranks must agree: without fallback both raise; with fallback both load step 1."""
     group = dist.group.WORLD
-    ck = Checkpointer(root, group=group, keep_last=3)
+    ck = Checkpointer(root, group=group, keep_last=3, async_save=False)
     for step in (1, 2):
         ck.save(step, rank_shards(global_tensors(seed=step), rank, 2, 1), RunState(step=step))
     if rank == 0:

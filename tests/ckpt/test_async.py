@@ -94,3 +94,16 @@ def test_a_failing_background_save_is_raised_on_the_next_call_and_never_committe
     assert [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name] == []
     ck.save(4, _shards(w), RunState(step=4))  # the error was reported once; saving works again
     assert ck.wait() == tmp_path / "step_00000004"
+
+
+def test_settings_come_from_checkpoint_config_and_async_save_is_never_implicit(tmp_path):
+    from hpcrl.ckpt.config import CheckpointConfig
+
+    cfg = CheckpointConfig()
+    ck = Checkpointer.from_config(cfg, tmp_path, None)  # a run's checkpointer
+    assert (ck.async_save, ck.keep_last, ck.timeout_s) == (cfg.async_save, cfg.keep_last, cfg.timeout_s)
+    assert ck.root == tmp_path / "checkpoints"
+    plain = Checkpointer(tmp_path, async_save=False)  # the same defaults, no second copy of them
+    assert (plain.keep_last, plain.timeout_s) == (ck.keep_last, ck.timeout_s)
+    with pytest.raises(TypeError, match="async_save"):
+        Checkpointer(tmp_path)  # a sync caller must not get background saves by omission

@@ -14,7 +14,9 @@ from tests.ckpt._model import global_tensors, rank_shards
 
 @pytest.fixture
 def ckpt(tmp_path):
-    Checkpointer(tmp_path).save(4, rank_shards(global_tensors(0), 0, 1, 1), RunState(step=4))
+    Checkpointer(tmp_path, async_save=False).save(
+        4, rank_shards(global_tensors(0), 0, 1, 1), RunState(step=4)
+    )
     return tmp_path
 
 

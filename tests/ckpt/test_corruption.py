@@ -29,7 +29,7 @@ def _tree_digest(root) -> dict[str, str]:
 @pytest.fixture
 def two_steps(tmp_path):
     """Steps 1 and 2 saved by one process as its 2 'TP ranks'' worth of shards (t=1)."""
-    ck = Checkpointer(tmp_path, keep_last=3)
+    ck = Checkpointer(tmp_path, keep_last=3, async_save=False)
     for step in (1, 2):
         ck.save(step, rank_shards(global_tensors(step), 0, 1, 1), RunState(step=step, run_id="run-a"))
     return tmp_path
@@ -66,7 +66,7 @@ def _corrupt_missing(root):
 
 def _corrupt_foreign_manifest(root):
     other = root.parent / (root.name + "-other")
-    ck = Checkpointer(other)
+    ck = Checkpointer(other, async_save=False)
     ck.save(2, rank_shards(global_tensors(99), 0, 1, 1), RunState(step=2, run_id="run-b"))
     shutil.copy(other / "step_00000002" / "manifest.json", root / "step_00000002" / "manifest.json")
     # the other run's files differ in structure (attributes) and data: the first segment checked names
@@ -120,7 +120,7 @@ def test_a_manifest_of_another_run_is_refused_when_the_run_id_is_expected(two_st
 
 
 def test_a_checkpoint_without_a_run_id_predates_run_ids_and_is_accepted(tmp_path):
-    ck = Checkpointer(tmp_path, keep_last=2)
+    ck = Checkpointer(tmp_path, keep_last=2, async_save=False)
     ck.save(1, rank_shards(global_tensors(1), 0, 1, 1), RunState(step=1))
     assert load_checkpoint(tmp_path, _specs(), expect_run_id="run-z").state.step == 1
 

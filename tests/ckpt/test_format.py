@@ -21,7 +21,7 @@ from tests.ckpt._model import expected_local, global_tensors, rank_shards, rank_
 
 
 def _save_whole(root, tensors, step=3, **state):
-    ck = Checkpointer(root)
+    ck = Checkpointer(root, async_save=False)
     shards = [ShardedTensor.whole(name, t) for name, t in tensors.items()]
     ck.save(step, shards, RunState(step=step, **state), layout={"t": 1, "p": 1, "d": 1})
     return ck
@@ -142,7 +142,7 @@ def test_loading_under_another_model_names_the_first_mismatch(tmp_path):
 def test_bad_shard_descriptions_are_refused_before_writing(tmp_path, shards, message):
     described = [ShardedTensor(n, torch.zeros(shape), (8, 8), off) for n, off, shape in shards]
     with pytest.raises(ShardError, match=message):
-        Checkpointer(tmp_path).save(1, described, RunState(step=1))
+        Checkpointer(tmp_path, async_save=False).save(1, described, RunState(step=1))
     assert list(tmp_path.iterdir()) == []
 
 
@@ -191,7 +191,7 @@ def test_fused_tensor_is_described_as_two_logical_tensors(tmp_path):
             ShardedTensor("fc1.gate", fused_r[:4], (8, 4), (4 * r, 0)),
             ShardedTensor("fc1.up", fused_r[4:], (8, 4), (4 * r, 0)),
         ]
-    ck = Checkpointer(tmp_path)
+    ck = Checkpointer(tmp_path, async_save=False)
     with pytest.raises(ShardError, match="cover 16 of 32"):
         ck.save(1, shards_per_rank[:2], RunState(step=1))
     whole = [ShardedTensor("fc1.gate", gate, (8, 4), (0, 0)), ShardedTensor("fc1.up", up, (8, 4), (0, 0))]
@@ -203,7 +203,7 @@ def test_fused_tensor_is_described_as_two_logical_tensors(tmp_path):
 
 def test_sharded_save_of_one_process_round_trips(tmp_path):
     tensors = global_tensors(4)
-    Checkpointer(tmp_path).save(1, rank_shards(tensors, 0, 1, 1), RunState(step=1))
+    Checkpointer(tmp_path, async_save=False).save(1, rank_shards(tensors, 0, 1, 1), RunState(step=1))
     loaded = load_checkpoint(tmp_path, rank_specs(tensors, 0, 1, 1))
     assert all(torch.equal(loaded.tensors[n], t) for n, t in tensors.items())
 

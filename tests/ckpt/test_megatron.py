@@ -28,7 +28,7 @@ def test_resume_under_another_layout_continues_training_like_the_uninterrupted_r
     resumed = run_ranks(resume_train, tensor * pipeline, str(root), tensor, pipeline, False, timeout_s=300)
     for got in resumed:
         assert got["bytes_read"] == got["shard_bytes"]
-        # TP=2 vs TP=1 all-reduces sum in another order: equal to ~1e-6, not bitwise (FACTS.md)
+        # TP=2 vs TP=1 all-reduces sum in another order: equal to ~1e-6, not bitwise (docs/FACTS.md)
         assert got["losses"] == pytest.approx(reference["losses"][2:], abs=1e-6)
         for name, tensor_ in reference["weights"].items():
             assert torch.allclose(got["weights"][name], tensor_, atol=1e-5), name

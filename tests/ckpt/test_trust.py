@@ -30,7 +30,7 @@ STEP2 = "step_00000002"
 def two_steps(tmp_path):
     """Steps 1 and 2 of the synthetic model saved by one process (t=1: one file holds every tensor)."""
     root = tmp_path / "ckpt"
-    ck = Checkpointer(root, keep_last=3)
+    ck = Checkpointer(root, keep_last=3, async_save=False)
     for step in (1, 2):
         ck.save(step, rank_shards(global_tensors(step), 0, 1, 1), RunState(step=step))
     return root
@@ -95,7 +95,7 @@ def test_a_step_dir_that_is_a_symlink_is_refused_and_a_falling_back_owner_sets_i
     _assert_refused_and_falls_back(
         two_steps, rf"{STEP2}: a symbolic link \(to .*outside-step\); a step directory"
     )
-    loaded = Checkpointer(two_steps).load(_specs(), fallback=True)
+    loaded = Checkpointer(two_steps, async_save=False).load(_specs(), fallback=True)
     assert loaded.path.name == "step_00000001"
     [aside] = [p for p in two_steps.iterdir() if REJECTED in p.name]
     assert aside.is_symlink() and (outside / "manifest.json").exists()  # the link moved, not its target

@@ -46,7 +46,7 @@ VALUES = st.one_of(
 @pytest.fixture(scope="module")
 def template(tmp_path_factory):
     root = tmp_path_factory.mktemp("template") / "ckpt"
-    ck = Checkpointer(root, keep_last=3)
+    ck = Checkpointer(root, keep_last=3, async_save=False)
     for step in (1, 2):
         ck.save(step, rank_shards(global_tensors(step), 0, 1, 1), RunState(step=step, run_id="r"))
     return root
@@ -204,7 +204,7 @@ def test_a_mutated_checkpoint_loads_exactly_or_is_refused_naming_the_file_and_fa
         _check_outcome(root, specs, fallback=False, what=what)
         step = _check_outcome(root, specs, fallback=True, what=what)
         if step == 1:  # the owner's fallback sets step 2 aside; saving step 2 again then commits
-            ck = Checkpointer(root, keep_last=3)
+            ck = Checkpointer(root, keep_last=3, async_save=False)
             assert ck.load(specs, fallback=True).state.step == 1
             ck.save(2, rank_shards(global_tensors(2), 0, 1, 1), RunState(step=2, run_id="r"))
             assert _check_outcome(root, specs, fallback=False, what=what) == 2

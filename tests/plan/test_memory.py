@@ -151,6 +151,9 @@ def test_plan_command_tables_and_exit_codes(capsys):
 def test_dims_from_an_hf_directory(tmp_path):
     from transformers import LlamaConfig
 
+    from hpcrl.errors import ConfigError
+    from hpcrl.plan.memory import ModelDimsUnavailable
+
     LlamaConfig(
         vocab_size=16,
         hidden_size=64,
@@ -158,13 +161,28 @@ def test_dims_from_an_hf_directory(tmp_path):
         num_attention_heads=4,
         num_key_value_heads=2,
         intermediate_size=128,
+        max_position_embeddings=32,  # as grpo_tiny.yaml says: every value the template sets is checked
     ).save_pretrained(tmp_path)
     from_dir = predict(config(**{"model.hf_path": str(tmp_path)}), host_bytes=24 * GIB)
     assert {c.name: c.bytes for c in from_dir.components}["actor params"] == 76096 * 4
-    from hpcrl.plan.memory import ModelDimsUnavailable
-
-    with pytest.raises(ModelDimsUnavailable, match="model.hf_path"):
-        predict(config(**{"model.hf_path": str(tmp_path / "missing")}), host_bytes=24 * GIB)
+    # the template's own value against config.json's: an error naming the key and both values
+    with pytest.raises(
+        ConfigError, match=r"model\.hidden_size: 128 in the template, but 64 in .*config\.json"
+    ):
+        predict(config(**{"model.hf_path": str(tmp_path), "model.hidden_size": 128}), host_bytes=24 * GIB)
+    # not on this machine: grpo_tiny.yaml spells out the dims (+ tie_word_embeddings here), so the plan
+    # works from the template alone
+    missing = str(tmp_path / "missing")
+    offline_cfg = config(**{"model.hf_path": missing, "model.tie_word_embeddings": False})
+    offline = predict(offline_cfg, host_bytes=24 * GIB)
+    assert offline.components == from_dir.components
+    # ... but not when the template leaves a planned dim to config.json
+    base = REPO / "templates" / "base.yaml"
+    with pytest.raises(ModelDimsUnavailable, match=r"model\.hf_path: cannot read .*model\.vocab_size"):
+        predict(config(base, **{"model.hf_path": missing}), host_bytes=24 * GIB)
+    from_base = predict(config(base, **{"model.hf_path": str(tmp_path)}), host_bytes=24 * GIB)
+    # base.yaml sets no model dims: every one is read from config.json
+    assert {c.name: c.bytes for c in from_base.components}["actor params"] == 76096 * 4
 
 
 def test_split_placement_takes_the_worst_pool():

@@ -110,7 +110,7 @@ def _invariants(trainer) -> dict:
 
 
 def _save(trainer, root: str, step: int, group, layout: dict) -> None:
-    ck = Checkpointer(root, group=group)
+    ck = Checkpointer(root, group=group, async_save=False)
     ck.save(
         step,
         trainer_shards(trainer),
