@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # README's second command: set up everything and run ALL tests.
 #   venv + hpcrl[dev] -> Debian packages for Slurm -> start the dev Slurm cluster (slurmctld, 4 slurmd,
-#   slurmdbd + MariaDB) -> ruff -> pytest -> stop the cluster by its recorded PIDs, even on failure.
+#   slurmdbd + MariaDB) and the A100-shaped one (slurm/a100) -> ruff -> pytest -> stop both clusters by
+#   their recorded PIDs, even on failure.
 # Extra arguments go to pytest (e.g. `launch/test.sh -k reshard`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,8 +18,11 @@ fi
 if [ "${HPCRL_WITH_SMOLLM2:-0}" = 1 ]; then
   bash launch/setup_smollm2.sh
 fi
-trap 'bash slurm/dev/stop.sh' EXIT
+# Both clusters are stopped by their recorded PIDs on any exit (the A100-shaped one: two 8xA100 nodes of
+# 64 CPUs, no accounting; the preflight and status-without-sacct tests use it).
+trap 'bash slurm/a100/stop.sh; bash slurm/dev/stop.sh' EXIT
 bash slurm/dev/start.sh
+bash slurm/a100/start.sh
 export HPCRL_REQUIRE_SLURM=1
 ruff check .
 ruff format --check .

@@ -6,6 +6,8 @@ import json
 import sys
 
 from hpcrl.cli.common import add_template_arguments, overrides_from, print_config_if_asked
+from hpcrl.config.resolve import resolve
+from hpcrl.progress import DelayedProgress
 
 HELP = "Resolve a template (and its sweep) and print every element: index, config id, swept values."
 
@@ -23,9 +25,6 @@ as it is made (rich lays out a whole table in memory first: minutes and ~GBs for
 
 
 def main(args) -> int:
-    from hpcrl.config.resolve import resolve
-    from hpcrl.progress import DelayedProgress
-
     with DelayedProgress() as track:
         sweep = resolve(args.template, overrides_from(args), track=track)
     if print_config_if_asked(args, sweep):

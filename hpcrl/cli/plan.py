@@ -3,6 +3,8 @@
 Prints one table per element (component, phase, bytes, formula) with the device peak against one
 accelerator of the cluster profile (A100 80GB when unnamed) and host RAM per rank. Exit 0 when every
 element is predicted to fit, 1 when one is not (the problems are listed), 2 on config errors.
+Model dims come from `model.hf_path`'s config.json where it is readable here (the template's own values
+checked against it), else from the template alone (hpcrl.train.hf_config).
 """
 
 from __future__ import annotations

@@ -1,40 +1,102 @@
-"""`hpcrl resume SWEEP`: resubmit only the failed / cancelled / timed-out elements, as one new array."""
+"""`hpcrl resume SWEEP [--cluster.KEY VALUE ...]`: resubmit only the failed / cancelled / timed-out /
+lost / never-submitted elements, as one new array job per resource shape.
+
+Overrides fix how those elements run (`--cluster.cpus_per_task 8` after sbatch refused 12 per task):
+cluster.* keys only (a run directory's checkpoints belong to its experiment; another experiment is a
+new submit). Before anything is written or submitted, each element's config.yaml is verified against
+the manifest's fingerprint (a symlink or an edited file is refused), the overrides are applied and
+every rule a submit checks runs again: the config rules, the memory plan, and the preflight against the
+live cluster. Then the new config.yaml replaces the old one in the element's run dir (same run dir,
+checkpoints and logs), the manifest records the new fingerprint, and the new array's record the overrides.
+"""
 
 from __future__ import annotations
 
-from pathlib import Path
+import sys
+from types import SimpleNamespace
 
-HELP = "Resubmit the failed, cancelled and timed-out elements of a sweep as one new array job."
+from hpcrl.cli.common import add_override_arguments, overrides_from
+from hpcrl.cli.submit import memory_preflight
+from hpcrl.config.resolve import element_problems
+from hpcrl.errors import ConfigError, Problem
+from hpcrl.launcher import preflight, sweeps
+from hpcrl.launcher.manifest import load_manifest
+
+HELP = (
+    "Resubmit the failed, cancelled, timed-out and lost elements of a sweep; --cluster.KEY VALUE "
+    "corrects how they run."
+)
+OVERRIDES_HELP = """\
+--cluster.<key> VALUE  change how the resubmitted elements run, e.g. --cluster.cpus_per_task 8
+                       --cluster.time_min 120 (checked like a submit's; recorded in the manifest)"""
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("sweep", help="Sweep directory.")
+    parser.add_argument(
+        "--ignore_memory_plan",
+        action="store_true",
+        help="Resubmit even when `hpcrl plan` predicts an element does not fit its device memory.",
+    )
+    add_override_arguments(parser, OVERRIDES_HELP)
 
 
 def main(args) -> int:
-    from hpcrl.config.resolve import ResolvedConfig, element_problems
-    from hpcrl.errors import ConfigError, Problem
-    from hpcrl.launcher import sweeps
-    from hpcrl.launcher.element import load_resolved
-    from hpcrl.launcher.manifest import load_manifest
-
-    manifest = sweeps.refresh(load_manifest(args.sweep))
-    again = sweeps.resubmittable(manifest)
-    if not again:
-        print("nothing to resume: no failed, cancelled or timed-out element")
-        return 0
-    elements = [
-        ResolvedConfig(e.index, e.config_id, load_resolved(Path(e.config_path)), {}, e.swept) for e in again
-    ]
-    problems = [
-        Problem(message, entry.config_path, key)
-        for entry, element in zip(again, elements, strict=True)
-        for key, message in element_problems(element.config)
-    ]
+    overrides = overrides_from(args)
+    problems = sweeps.resume_override_problems(overrides)
     if problems:
         raise ConfigError(problems)
+    notes: list[str] = []
+    manifest = sweeps.refresh(load_manifest(args.sweep), notes)
+    for note in notes:
+        print(f"hpcrl: note: {note}", file=sys.stderr)
+    again = sweeps.resubmittable(manifest)
+    if not again:
+        unused = " (the overrides were not used)" if overrides else ""
+        print(f"nothing to resume: no failed, cancelled, timed-out or lost element{unused}")
+        return 0
+    elements = []
+    for entry in again:
+        try:
+            elements.append(sweeps.resumed_element(entry, overrides))
+        except ConfigError as err:
+            problems += err.problems
+    if not problems:  # every rule a submit checks, on the configs as they will run
+        for entry, element in zip(again, elements, strict=True):
+            problems += [
+                Problem(message, "command line" if _overridden(key, overrides) else entry.config_path, key)
+                for key, message in element_problems(element.config, element.data)
+            ]
+    if problems:
+        raise ConfigError(problems)
+    if not args.ignore_memory_plan:
+        problems = memory_preflight(SimpleNamespace(elements=elements))
+        if problems:
+            problems.append(Problem("see `hpcrl plan`; --ignore_memory_plan resubmits anyway"))
+            raise ConfigError(problems)
+    arrays = None
+    if manifest.executor == "slurm":
+        checked = preflight.plan(elements, manifest.name, sweeps.slurm_folder(manifest), need_controller=True)
+        for note in checked.notes:
+            print(f"hpcrl: note: {note}", file=sys.stderr)
+        if checked.problems:
+            raise ConfigError(checked.problems)
+        arrays = checked.arrays
+    # Every check passed: now write (new configs, then the manifest with the jobs).
+    with sweeps.writing(None, "run_root"):
+        for entry, element in zip(again, elements, strict=True):
+            sweeps.rewrite_config(entry, element)
+    manifest.save()
     before = len(manifest.arrays)
-    sweeps.submit_elements(manifest, elements)
+    sweeps.submit_elements(manifest, elements, arrays=arrays, overrides=overrides)
+    changed = f" with {', '.join(f'{k}={v}' for k, v in overrides.items())}" if overrides else ""
     for array in manifest.arrays[before:]:
-        print(f"resubmitted {len(array['indices'])} element(s) {array['indices']} as job {array['job_id']}")
+        print(
+            f"resubmitted {len(array['indices'])} element(s) {array['indices']} as job {array['job_id']}{changed}"
+        )
     return 0
+
+
+def _overridden(key: str, overrides: dict) -> bool:
+    """`key` was set on the command line, itself or inside a mapping given there (cluster.env.X)."""
+    return any(key == k or key.startswith(f"{k}.") for k in overrides)

@@ -1,11 +1,22 @@
-"""`hpcrl status SWEEP`: each element's state (sacct, or the local runner), restarts, and a summary."""
+"""`hpcrl status SWEEP`: each element's state, why (reason), restarts, and a summary.
+
+States come from sacct, or, on a cluster without accounting, from squeue, `scontrol show job` and
+submitit's result files (hpcrl.launcher.slurm.element_states; one line on stderr says so); locally from
+the runner. The reason column: sbatch's error for SUBMIT_FAILED, the first line of the exception an
+element raised, or Slurm's reason (a PENDING element's Resources, PartitionTimeLimit, ...).
+"""
 
 from __future__ import annotations
 
 import json
+import sys
 from collections import Counter
 
-HELP = "Show the state of every element of a sweep (from sacct) with a progress summary."
+from hpcrl.launcher import sweeps
+from hpcrl.launcher.manifest import FINAL, load_manifest
+
+HELP = "Show the state of every element of a sweep, and why, with a progress summary."
+REASON_WIDTH = 60
 
 
 def add_arguments(parser) -> None:
@@ -14,10 +25,10 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
-    from hpcrl.launcher import sweeps
-    from hpcrl.launcher.manifest import FINAL, load_manifest
-
-    manifest = sweeps.refresh(load_manifest(args.sweep))
+    notes: list[str] = []
+    manifest = sweeps.refresh(load_manifest(args.sweep), notes)
+    for note in notes:
+        print(f"hpcrl: note: {note}", file=sys.stderr)
     counts = Counter(e.state for e in manifest.entries)
     if args.json:
         print(
@@ -31,6 +42,7 @@ def main(args) -> int:
                             "config_id": e.config_id,
                             "job_id": e.job_id,
                             "state": e.state,
+                            "reason": e.reason,
                             "restarts": sweeps.restart_count(e),
                             "run_dir": e.run_dir,
                         }
@@ -43,18 +55,21 @@ def main(args) -> int:
     from rich.console import Console
     from rich.progress_bar import ProgressBar
     from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title=f"{manifest.name}: {manifest.sweep_dir}")
-    for column in ("index", "id", "job", "state", "restarts", *manifest.keys):
-        table.add_column(column)
+    # Text, not str: rich reads "[...]" in a str as markup, and a reason or a swept value is data.
+    table = Table(title=Text(f"{manifest.name}: {manifest.sweep_dir}"))
+    for column in ("index", "id", "job", "state", "reason", "restarts", *manifest.keys):
+        table.add_column(Text(column), max_width=REASON_WIDTH if column == "reason" else None)
     for e in manifest.entries:
         table.add_row(
             str(e.index),
             e.config_id,
             e.job_id or "-",
             e.state,
+            Text(e.reason or "-"),
             str(sweeps.restart_count(e)),
-            *(str(e.swept.get(k, "")) for k in manifest.keys),
+            *(Text(str(e.swept.get(k, ""))) for k in manifest.keys),
         )
     console = Console(width=200)
     console.print(table)

@@ -1,8 +1,16 @@
 """`hpcrl submit TEMPLATE [--dry-run] [overrides]`: write configs + manifest, submit the array job(s).
 
-Non-blocking: prints the sweep directory and the job ids, then returns. --dry-run writes the configs,
-the manifest and the exact sbatch script of every array job inside the sweep directory, prints every
-script (a sweep over resource shapes has several: each is shown, not only the first) and calls no sbatch.
+Non-blocking: prints the sweep directory and the job ids, then returns. Before anything is written,
+every rule runs (config rules at resolve, the memory plan) and, on Slurm, the preflight against the
+live cluster (hpcrl.launcher.preflight: partition, CPUs x memory x GRES per node, MaxTime, then
+`sbatch --test-only`): a problem is one line naming its key, exit 2, nothing written or submitted;
+no controller is exit 1 (a cluster error), nothing written.
+
+--dry-run writes the configs, the manifest and the exact sbatch script of every array job inside the
+sweep directory, prints every script (a sweep over resource shapes has several: each is shown, not
+only the first) and calls no sbatch but `sbatch --test-only`. With a controller the scripts carry what
+a submit sends (CPUs per task derived from the node) and the preflight's problems are printed as
+warnings; without one, one line says so and the script is rendered with the fallbacks.
 """
 
 from __future__ import annotations
@@ -11,8 +19,11 @@ import sys
 from pathlib import Path
 
 from hpcrl.cli.common import add_template_arguments, overrides_from, print_config_if_asked
+from hpcrl.config.resolve import resolve
 from hpcrl.errors import ConfigError, Problem
-from hpcrl.progress import Track, untracked
+from hpcrl.launcher import preflight, sweeps
+from hpcrl.plan.memory import ModelDimsUnavailable, predict
+from hpcrl.progress import DelayedProgress, Track, untracked
 
 HELP = "Submit a template's sweep as array job(s) (non-blocking); --dry-run renders the sbatch script only."
 
@@ -45,8 +56,6 @@ def memory_preflight(sweep, track: Track = untracked) -> list[Problem]:
 
     An element whose model dims can't be read here (an `hf_path` that exists only on the cluster) is
     skipped with a note: the planner cannot judge it, and refusing it would block every such recipe."""
-    from hpcrl.plan.memory import ModelDimsUnavailable, predict
-
     problems: list[Problem] = []
     for element in track(sweep.elements, len(sweep.elements), "memory plan"):
         try:
@@ -60,17 +69,12 @@ def memory_preflight(sweep, track: Track = untracked) -> list[Problem]:
 
 
 def main(args) -> int:
-    from hpcrl.progress import DelayedProgress
-
     with DelayedProgress() as track:
         return _submit(args, track)
 
 
 def _submit(args, track: Track) -> int:
     """Check everything (nothing is written on a problem), then write the sweep and submit or render it."""
-    from hpcrl.config.resolve import resolve
-    from hpcrl.launcher import slurm, sweeps
-
     overrides = overrides_from(args)
     sweep = resolve(args.template, overrides, track=track)
     if print_config_if_asked(args, sweep):
@@ -84,12 +88,22 @@ def _submit(args, track: Track) -> int:
     executor = sweep.elements[0].config.cluster.executor
     if args.dry_run:
         return _dry_run(sweep, sweep_dir, key, overrides, track)
-    # Ask the controller first: when Slurm is unreachable nothing is written at all.
-    limit = slurm.max_array_size() if executor == "slurm" else None
+    arrays = None
+    if executor == "slurm":  # ask the controller first: when Slurm is unreachable nothing is written at all
+        checked = preflight.plan(
+            track(sweep.elements, len(sweep.elements), "planning arrays"),
+            sweep.name,
+            sweep_dir / sweeps.SLURM_DIR,
+            need_controller=True,
+        )
+        _print_notes(checked.notes)
+        if checked.problems:
+            raise ConfigError(checked.problems)
+        arrays = checked.arrays
     with sweeps.writing(sweep_dir, key):
         manifest = sweeps.prepare(sweep, sweep_dir, overrides, track=track)
     print(f"sweep: {sweep_dir}", flush=True)
-    sweeps.submit_elements(manifest, track(sweep.elements, len(sweep.elements), "planning arrays"), limit)
+    sweeps.submit_elements(manifest, sweep.elements, arrays=arrays)
     for array in manifest.arrays:
         print(f"submitted {executor} job {array['job_id']}: {len(array['indices'])} element(s)")
     print(f"next: hpcrl status {sweep_dir}")
@@ -98,8 +112,6 @@ def _submit(args, track: Track) -> int:
 
 def _sweep_dir(args, sweep) -> tuple[Path, str]:
     """The checked sweep directory and the option that chose it (named in messages)."""
-    from hpcrl.launcher import sweeps
-
     if args.sweep_dir:
         sweep_dir, key = Path(args.sweep_dir).absolute(), "--sweep_dir"
     else:
@@ -112,19 +124,32 @@ def _sweep_dir(args, sweep) -> tuple[Path, str]:
     return sweep_dir, key
 
 
+def _print_notes(notes: list[str]) -> None:
+    for note in notes:
+        print(f"hpcrl: note: {note}", file=sys.stderr)
+
+
 def _dry_run(sweep, sweep_dir: Path, key: str, overrides: dict, track: Track) -> int:
     """Write configs, manifest and every array job's script inside `sweep_dir`; print every script."""
-    from hpcrl.launcher import slurm, sweeps
-
-    try:
-        limit = slurm.max_array_size()
-    except Exception:  # noqa: BLE001 - a dry run must work without a reachable controller
-        limit = slurm.DEFAULT_MAX_ARRAY_SIZE
     elements = len(sweep.elements)
+    checked = preflight.plan(
+        track(sweep.elements, elements, "planning arrays"),
+        sweep.name,
+        sweep_dir / sweeps.SLURM_DIR,
+        need_controller=False,
+        fit_to_cluster=sweep.elements[0].config.cluster.executor == "slurm",
+    )
+    _print_notes(checked.notes)
+    if checked.problems:
+        print(
+            f"hpcrl: warning: a submit would refuse this sweep ({len(checked.problems)} problem(s)):",
+            file=sys.stderr,
+        )
+        for problem in checked.problems:
+            print(f"  - {problem}", file=sys.stderr)
     with sweeps.writing(sweep_dir, key):
         sweeps.prepare(sweep, sweep_dir, overrides, dry_run=True, track=track)
-        arrays = slurm.plan_arrays(track(sweep.elements, elements, "planning arrays"), sweep.name, limit)
-        scripts = sweeps.render_scripts(arrays, sweep_dir, sys.executable)
+        scripts = sweeps.render_scripts(checked.arrays, sweep_dir, sys.executable)
     print(f"sweep: {sweep_dir}")
     print(f"dry run: {elements} config(s) written, {len(scripts)} sbatch script(s), nothing submitted")
     for path, indices in scripts:

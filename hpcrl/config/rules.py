@@ -36,7 +36,7 @@ def check_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
         if getattr(par, key) < 1:
             out.append((f"parallel.{key}", f"must be >= 1, got {getattr(par, key)}"))
     for key in ("nodes", "tasks_per_node", "cpus_per_task", "time_min", "array_parallelism"):
-        if getattr(cl, key) < 1:
+        if getattr(cl, key) is not None and getattr(cl, key) < 1:  # cpus_per_task None: from the node
             out.append((f"cluster.{key}", f"must be >= 1, got {getattr(cl, key)}"))
     if cl.max_requeues < 0:
         out.append(("cluster.max_requeues", f"must be >= 0, got {cl.max_requeues}"))

@@ -31,8 +31,10 @@ class ClusterConfig:
     """GPUs per node (--gpus-per-node)."""
     gres: str | None = None
     """Explicit --gres (e.g. gpu:a100:8); overrides gpus_per_node when set."""
-    cpus_per_task: int = 1
-    """CPUs per rank."""
+    cpus_per_task: int | None = None
+    """CPUs per rank. Unset (null): on Slurm, the CPUs of the partition's smallest node that fits the
+    request / tasks_per_node, read from the controller at submit (hpcrl.launcher.preflight); without a
+    node list, left to Slurm's default (1). OMP_NUM_THREADS follows it unless `env` sets it."""
     mem_gb: float | None = None
     """Memory per node in GB (None: cluster default)."""
     time_min: int = 60

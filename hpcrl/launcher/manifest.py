@@ -51,6 +51,9 @@ class Entry:
     """Last known state (NEW, DRY_RUN, SUBMIT_FAILED, then the scheduler's states)."""
     attempts: list[str] = field(default_factory=list)
     """Job ids of earlier attempts (before a resume)."""
+    reason: str | None = None
+    """Why it is in its state, when something says: sbatch's error (SUBMIT_FAILED), Slurm's reason
+    (PENDING, FAILED, ...), or the first line of the exception the element raised."""
 
 
 ENTRY_FIELDS = tuple(f.name for f in fields(Entry))
@@ -67,7 +70,8 @@ class Manifest:
     """Swept dotted keys."""
     entries: list[Entry]
     arrays: list[dict[str, Any]] = field(default_factory=list)
-    """One record per array job: job_id, indices, sbatch script path."""
+    """One record per array job: job_id, indices, the sbatch script sent, and for a resume its
+    `overrides` (the cluster keys changed for those elements)."""
     overrides: dict[str, Any] = field(default_factory=dict)
     version: int = VERSION
 

@@ -159,25 +159,34 @@ def mem_text(mem_gb: float) -> str:
     return _convert_mem(mem_gb)
 
 
-def setup_lines(cluster: ClusterConfig) -> list[str]:
+def setup_lines(cluster: ClusterConfig, cpus_per_task: int | None = None) -> list[str]:
     """Shell lines run in the batch script before srun: modules, the profile's setup, then the exported
-    env (last: the template's env wins over what setup exported, and nothing else runs under it)."""
+    env (last: the template's env wins over what setup exported, and nothing else runs under it).
+
+    OMP_NUM_THREADS is the rank's CPUs (`cpus_per_task`, given or derived from the node) unless the env
+    sets it: without it, every rank's torch would use all of the node's cores."""
     lines = [f"module load {shlex.quote(m)}" for m in cluster.modules]
     lines += list(cluster.setup)
-    return lines + [f"export {key}={shlex.quote(value)}" for key, value in sorted(cluster.env.items())]
+    env = dict(cluster.env)
+    if cpus_per_task is not None:
+        env.setdefault("OMP_NUM_THREADS", str(cpus_per_task))
+    return lines + [f"export {key}={shlex.quote(value)}" for key, value in sorted(env.items())]
 
 
-def sbatch_parameters(cluster: ClusterConfig, name: str) -> dict[str, Any]:
-    """SlurmExecutor.update_parameters(...) arguments (sbatch's own names) for one array job."""
+def sbatch_parameters(cluster: ClusterConfig, name: str, cpus_per_task: int | None = None) -> dict[str, Any]:
+    """SlurmExecutor.update_parameters(...) arguments (sbatch's own names) for one array job.
+
+    `cpus_per_task`: the value derived from the node (hpcrl.launcher.preflight) when cluster.cpus_per_task
+    is unset; with neither, --cpus-per-task is left out (Slurm's default)."""
+    cpus = cluster.cpus_per_task if cluster.cpus_per_task is not None else cpus_per_task
     params: dict[str, Any] = {
         "job_name": job_name(name),
         "time": cluster.time_min,
         "nodes": cluster.nodes,
         "ntasks_per_node": cluster.tasks_per_node,
-        "cpus_per_task": cluster.cpus_per_task,
         "array_parallelism": cluster.array_parallelism,
         "signal_delay_s": cluster.signal_delay_s,
-        "setup": setup_lines(cluster),
+        "setup": setup_lines(cluster, cpus),
         "wckey": None,  # submitit would add --wckey=submitit; many clusters have no wckeys
         "stderr_to_stdout": False,
     }
@@ -188,6 +197,8 @@ def sbatch_parameters(cluster: ClusterConfig, name: str) -> dict[str, Any]:
         params["gres"] = cluster.gres
     elif cluster.gpus_per_node:
         params["gpus_per_node"] = cluster.gpus_per_node
+    if cpus is not None:
+        params["cpus_per_task"] = cpus
     if cluster.mem_gb is not None:
         params["mem"] = mem_text(cluster.mem_gb)
     if cluster.exclusive:

@@ -16,16 +16,21 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from hpcrl.config.elements import config_id
+from hpcrl.config.experiment import ExperimentConfig
 from hpcrl.config.resolve import ResolvedConfig, Sweep
+from hpcrl.config.schema import build, check_tree, deep_merge, get_dotted, to_dict, with_values
 from hpcrl.config.text_rules import path_problem
-from hpcrl.errors import ClusterError, ConfigError, Problem
-from hpcrl.launcher import local, slurm
+from hpcrl.config.yaml_io import load_yaml
+from hpcrl.errors import ClusterError, ConfigError, Problem, cut
+from hpcrl.launcher import local, preflight, slurm
 from hpcrl.launcher.manifest import FINAL, MANIFEST, RESUBMITTABLE, Entry, Manifest, load_manifest
 from hpcrl.progress import Track, untracked
 
@@ -85,6 +90,11 @@ def writing(sweep_dir: Path | None, key: str) -> Iterator[None]:
         ) from None
 
 
+def slurm_folder(manifest: Manifest) -> Path:
+    """The sweep's submitit folder: scripts, pickles, logs and result files of its array jobs."""
+    return Path(manifest.sweep_dir) / SLURM_DIR
+
+
 def default_sweep_dir(sweep: Sweep) -> Path:
     first = sweep.elements[0].config
     digest = hashlib.sha256("".join(sweep.elements.ids).encode()).hexdigest()[:6]
@@ -93,7 +103,11 @@ def default_sweep_dir(sweep: Sweep) -> Path:
 
 
 def write_config(element: ResolvedConfig, run_dir: Path | None = None) -> Path:
-    """The element's resolved config as <run dir>/config.yaml (the file every rank reads)."""
+    """The element's resolved config as <run dir>/config.yaml (the file every rank reads).
+
+    An existing file is kept (a running element's file stays untouched when a sweep is submitted
+    again) only once it is verified to be this config: a plain file, not a symlink, whose config id
+    (the fingerprint the manifest records) is the element's; anything else is a ConfigError (exit 2)."""
     run_dir = run_dir or element.run_dir
     try:  # plain os calls: this runs 100,000 times for the largest sweep (benchmarks/launcher.py)
         os.mkdir(run_dir)
@@ -102,13 +116,52 @@ def write_config(element: ResolvedConfig, run_dir: Path | None = None) -> Path:
     except FileNotFoundError:
         run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / CONFIG_FILE
-    # Same id = same content, so an existing file is already right; skipping the write keeps a
-    # running element's file untouched when a sweep is submitted again. tmp + rename: never half a file.
-    if not os.path.exists(path):
-        tmp = f"{path}.{os.getpid()}.tmp"
-        _write(tmp, element.yaml_text())
-        os.replace(tmp, path)
+    text = element.yaml_text()
+    if os.path.lexists(path):
+        verify_config(path, element.config_id, text)
+    else:  # tmp + rename: never half a file
+        _replace(path, text)
     return path
+
+
+def _replace(path: Path, text: str) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    _write(tmp, text)
+    os.replace(tmp, path)  # replaces a symlink itself, never the file it points at
+
+
+def verify_config(path: Path, expected_id: str, expected_text: str | None = None) -> None:
+    """Refuse a run directory's config.yaml that is not the config the manifest fingerprints: a symlink
+    (it may point at any file, whose later edits would change the run), an unreadable file, or content
+    whose config id is not `expected_id`. Equal bytes (`expected_text`) need no parsing."""
+
+    def refuse(why: str) -> ConfigError:
+        return ConfigError(
+            Problem(
+                f"{why}; a run directory's config.yaml must be the one hpcrl wrote for it: remove it "
+                "(or the run directory), or choose another run_root",
+                file=str(path),
+                key="run_root",
+            )
+        )
+
+    if os.path.islink(path):
+        raise refuse(f"is a symlink (to {os.readlink(path)})")
+    try:
+        with open(path, "rb") as file:
+            raw = file.read()
+    except OSError as err:
+        raise refuse(f"cannot be read ({err.strerror or err})") from None
+    if expected_text is not None and raw == expected_text.encode():
+        return
+    try:
+        found = config_id(load_yaml(path))
+    except (ConfigError, OSError, ValueError, TypeError) as err:
+        raise refuse(f"is not a readable config ({type(err).__name__})") from None
+    if found != expected_id:
+        raise refuse(
+            f"holds config {found}, not {expected_id} (the manifest's fingerprint): edited, or another run's"
+        )
 
 
 def write_dry_run_config(element: ResolvedConfig, folder: Path) -> Path:
@@ -145,9 +198,15 @@ def prepare(
     if dry_run:
         folder.mkdir(exist_ok=True)
     entries = []
+    refused: list[Problem] = []
     for e in track(sweep.elements, len(sweep.elements), "writing configs"):
         run_dir = e.run_dir
-        config_path = write_dry_run_config(e, folder) if dry_run else write_config(e, run_dir)
+        # A run dir's config.yaml that is not this element's is refused: all of them, then stop.
+        try:
+            config_path = write_dry_run_config(e, folder) if dry_run else write_config(e, run_dir)
+        except ConfigError as err:
+            refused += err.problems
+            continue
         entries.append(
             Entry(
                 index=e.index,
@@ -158,6 +217,8 @@ def prepare(
                 state=state,
             )
         )
+    if refused:
+        raise ConfigError(refused)  # before the manifest: nothing is submitted
     manifest = Manifest(
         sweep_dir=str(sweep_dir),
         template=str(sweep.template),
@@ -187,22 +248,33 @@ def render_scripts(
 
 
 def submit_elements(
-    manifest: Manifest, elements: Iterable[ResolvedConfig], max_array: int | None = None
+    manifest: Manifest,
+    elements: Iterable[ResolvedConfig] = (),
+    *,
+    arrays: list[slurm.ArrayJob] | None = None,
+    overrides: dict[str, Any] | None = None,
 ) -> None:
     """Submit `elements` (a subset of the manifest's) with the manifest's executor; saves the manifest.
 
-    `max_array`: MaxArraySize, asked from the controller when None.
-    """
+    Slurm: `arrays` as hpcrl.launcher.preflight.plan made and checked them (planned and checked here
+    when None: a ConfigError on a problem, before any sbatch). `overrides`: the keys a resume changed,
+    recorded with each new array. A refused sbatch marks its elements SUBMIT_FAILED with sbatch's error
+    as their reason (ClusterError, exit 1)."""
+    recorded = {"overrides": overrides} if overrides else {}
     if manifest.executor == "local":
         indices = [e.index for e in elements]
         pid = local.start_runner(Path(manifest.sweep_dir), indices)
         for index in indices:
             _set_job(manifest.entries[index], f"local:{pid}_{index}", "PENDING")
-        manifest.arrays.append({"job_id": f"local:{pid}", "indices": indices})
+        manifest.arrays.append({"job_id": f"local:{pid}", "indices": indices, **recorded})
         manifest.save()
         return
     folder = Path(manifest.sweep_dir) / SLURM_DIR
-    arrays = slurm.plan_arrays(elements, manifest.name, max_array or slurm.max_array_size())
+    if arrays is None:
+        checked = preflight.plan(elements, manifest.name, folder, need_controller=True)
+        if checked.problems:
+            raise ConfigError(checked.problems)
+        arrays = checked.arrays
     for k, array in enumerate(arrays):
         entries = [manifest.entries[i] for i in array.indices]
         try:
@@ -213,43 +285,70 @@ def submit_elements(
                 [e.run_dir for e in entries],
                 max_requeues=array.max_requeues,
             )
-        except ClusterError:
+        except ClusterError as err:
+            reason = cut(str(err), slurm.REASON_CHARS)
             for rest in arrays[k:]:
                 for i in rest.indices:
-                    manifest.entries[i].state = "SUBMIT_FAILED"
+                    manifest.entries[i].state, manifest.entries[i].reason = "SUBMIT_FAILED", reason
             manifest.save()
             raise
         for job_id, entry in zip(job_ids, entries, strict=True):
             _set_job(entry, job_id, "PENDING")
-        manifest.arrays.append({"job_id": array_id, "indices": array.indices, "script": script})
+        manifest.arrays.append({"job_id": array_id, "indices": array.indices, "script": script, **recorded})
         manifest.save()
 
 
 def _set_job(entry: Entry, job_id: str, state: str) -> None:
     if entry.job_id:
         entry.attempts.append(entry.job_id)
-    entry.job_id, entry.state = job_id, state
+    entry.job_id, entry.state, entry.reason = job_id, state, None
 
 
-def refresh(manifest: Manifest) -> Manifest:
-    """Ask the scheduler for every submitted element's state; save and return the manifest."""
+def refresh(manifest: Manifest, notes: list[str] | None = None) -> Manifest:
+    """Ask the scheduler for every submitted element's state and reason; save and return the manifest.
+    `notes` gets one line when the states did not come from accounting (hpcrl.launcher.slurm)."""
     submitted = [e for e in manifest.entries if e.job_id]
     if manifest.executor == "local":
         for e in submitted:
-            state = local.read_state(Path(manifest.sweep_dir), e.index).get("state", "UNKNOWN")
+            record = local.read_state(Path(manifest.sweep_dir), e.index)
+            state = record.get("state", "UNKNOWN")
             runner_pid = int(e.job_id.split(":")[1].split("_")[0])
             if state in ("PENDING", "RUNNING") and not local.pid_alive(runner_pid):
                 state = "LOST"
             e.state = state
+            e.reason = _local_reason(e, record)
     else:
-        states = slurm.sacct_states([e.job_id.split("_")[0] for e in submitted])
+        observed, note = slurm.element_states(
+            Path(manifest.sweep_dir) / SLURM_DIR, [e.job_id for e in submitted]
+        )
+        if note and notes is not None:
+            notes.append(note)
         for e in submitted:
-            new = states.get(e.job_id)
-            # after our own scancel, only a final state from accounting replaces CANCELLED
-            if new and not (e.state == "CANCELLED" and new not in FINAL):
-                e.state = new
+            seen = observed.get(e.job_id)
+            if seen is None:
+                continue
+            # after our own scancel, only a final state replaces CANCELLED; a known end is never LOST
+            if e.state == "CANCELLED" and (seen.state not in FINAL or seen.state == "LOST"):
+                continue
+            if seen.state == "LOST" and e.state in FINAL:
+                continue
+            e.state, e.reason = seen.state, seen.reason
     manifest.save()
     return manifest
+
+
+def _local_reason(entry: Entry, record: dict[str, Any]) -> str | None:
+    """A local element's reason: the first line of the error its rank 0 recorded, else its exit code."""
+    if entry.state in ("COMPLETED", "PENDING", "RUNNING"):
+        return None
+    try:
+        error = json.loads((Path(entry.run_dir) / "launcher.json").read_text()).get("error")
+    except (OSError, ValueError):
+        error = None
+    if error:
+        return cut(str(error).strip().splitlines()[0], slurm.REASON_CHARS)
+    code = record.get("exit_code")
+    return f"exit {code}" if code not in (None, 0) else None
 
 
 def cancel(manifest: Manifest, indices: list[int] | None) -> list[Entry]:
@@ -277,9 +376,69 @@ def resubmittable(manifest: Manifest) -> list[Entry]:
 
 
 def restart_count(entry: Entry) -> int:
-    import json
-
     try:
         return int(json.loads((Path(entry.run_dir) / "launcher.json").read_text()).get("restart_count", 0))
     except (FileNotFoundError, ValueError):
         return 0
+
+
+RESUME_FIXED = {
+    "cluster.profile": "the profile's values were merged into every element at submit",
+    "cluster.executor": "the sweep's executor is fixed at submit",
+    "cluster.setup": "shell setup lines come from a cluster profile only",
+}
+"""cluster keys `hpcrl resume` may not change, and why."""
+
+
+def resume_override_problems(overrides: dict[str, Any]) -> list[Problem]:
+    """`hpcrl resume` changes how elements run (cluster.*), not the experiment they are: a run directory's
+    checkpoints belong to its experiment, and a different one is a new submit."""
+    problems = []
+    for key in overrides:
+        if not key.startswith("cluster."):
+            message = (
+                "resume changes only cluster.* keys (how an element runs); another experiment is a new submit"
+            )
+        elif key in RESUME_FIXED:
+            message = f"resume cannot change it: {RESUME_FIXED[key]}"
+        else:
+            continue
+        problems.append(Problem(message, "command line", key))
+    return problems
+
+
+def resumed_element(entry: Entry, overrides: dict[str, Any]) -> ResolvedConfig:
+    """The element `entry` runs again: its run dir's config.yaml, verified against the manifest's
+    fingerprint (verify_config), with `overrides` applied (a mapping such as cluster.env merges into
+    the element's own) and checked as a template's values are; ConfigError listing every problem."""
+    # submitit and the rank machinery (~0.6 s): only a resume reads a run's config back
+    from hpcrl.launcher.element import load_resolved
+
+    path = Path(entry.config_path)
+    verify_config(path, entry.config_id)
+    cfg = load_resolved(path)
+    data = to_dict(cfg)
+    if not overrides:
+        return ResolvedConfig(entry.index, entry.config_id, cfg, data, entry.swept)
+    for key, value in overrides.items():
+        current = get_dotted(data, key, None)
+        if isinstance(value, dict) and isinstance(current, dict):
+            value = deep_merge(current, value)
+        data = with_values(data, {key: value})
+    checked, problems = check_tree(
+        data, ExperimentConfig, lambda key: "command line" if key in overrides else str(path)
+    )
+    if problems:
+        raise ConfigError(problems)
+    cfg = build(ExperimentConfig, checked)
+    data = to_dict(cfg)
+    return ResolvedConfig(entry.index, config_id(data), cfg, data, entry.swept)
+
+
+def rewrite_config(entry: Entry, element: ResolvedConfig) -> None:
+    """A resume with overrides: the element's new config.yaml replaces the old one in its run dir (the
+    run dir, its checkpoints and its logs stay), and the manifest's fingerprint follows."""
+    if element.config_id == entry.config_id:
+        return
+    _replace(Path(entry.config_path), element.yaml_text())
+    entry.config_id = element.config_id

@@ -6,6 +6,7 @@
 | megatron_compat.py  | the ONE CPU compatibility layer for megatron-core 0.16.1 (`enable()`; no-op with CUDA) |
 | model.py            | TrainGroups (explicit process groups, rank = tp + t*(pp + p*dp)), GPTModel build, load/gather |
 | hf_convert.py       | Megatron <-> HF (Llama/Qwen2) configs, state dicts, per-tensor TP shard rules    |
+| hf_config.py        | HF config.json -> ModelConfig (the one key map; untrusted-file reader, checks)  |
 | logprobs.py         | vocab-parallel log-probs/entropy, PolicyHead / ValueHead (token alignment)      |
 | batch.py            | TrainBatch: ids, masks, extras, global normalisation counts                     |
 | pipeline.py         | one micro-batch through the pipeline stages (p2p), forward and backward         |

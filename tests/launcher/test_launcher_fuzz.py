@@ -260,11 +260,13 @@ class Case:
 
 @contextlib.contextmanager
 def inside(root: Path) -> Iterator[None]:
-    """cwd, HOME and XDG_CONFIG_HOME in `root` for the case; restored after."""
-    saved = {k: os.environ.get(k) for k in ("HOME", "XDG_CONFIG_HOME")}
+    """cwd, HOME and XDG_CONFIG_HOME in `root` for the case, and no Slurm controller (no SLURM_CONF: the
+    dry run renders without a preflight, the same whichever cluster the session has up); restored after."""
+    saved = {k: os.environ.get(k) for k in ("HOME", "XDG_CONFIG_HOME", "SLURM_CONF")}
     before = os.getcwd()
     os.environ["HOME"] = str(root / "home")
     os.environ["XDG_CONFIG_HOME"] = str(root / "home" / ".config")
+    os.environ.pop("SLURM_CONF", None)
     os.chdir(root / "cwd")
     try:
         yield

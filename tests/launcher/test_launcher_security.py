@@ -20,7 +20,7 @@ from hpcrl.config.resolve import resolve
 from hpcrl.launcher.sbatch import sbatch_parameters
 
 REPO = Path(__file__).resolve().parents[2]
-CLUSTER = '{executor: slurm, partition: debug, env: {OMP_NUM_THREADS: "1"}}'
+CLUSTER = '{executor: slurm, partition: debug, cpus_per_task: 1, env: {OMP_NUM_THREADS: "1"}}'
 
 
 def template(cluster: str = CLUSTER, name: str = "sec") -> str:
@@ -312,19 +312,24 @@ def test_problems_are_printed_bounded_and_on_one_line_each(home, capsys):
 
 
 def test_resume_checks_the_configs_it_submits_again(home, capsys):
-    """A config.yaml edited after the submit (here: PATH added to its env) is refused, not resubmitted."""
+    """A config.yaml edited after the submit (here: PATH added to its env) is refused, not resubmitted:
+    its content no longer has the manifest's fingerprint. The same value as a resume override is
+    refused by the env rule, as a submit refuses it."""
     t = write(home / "t.yaml", BASE)
     assert run_cli(capsys, "submit", t, "--dry-run", "--sweep_dir", home / "sw")[0] == 0
     manifest_path = home / "sw" / "manifest.json"
     manifest = json.loads(manifest_path.read_text())
     for entry in manifest["entries"]:
         entry["state"] = "SUBMIT_FAILED"
-        config = Path(entry["config_path"])
-        config.write_text(config.read_text().replace('OMP_NUM_THREADS: "1"', "PATH: /tmp/bin"))
-        assert "PATH: /tmp/bin" in config.read_text()
     manifest_path.write_text(json.dumps(manifest))
+    before = json.loads(manifest_path.read_text())
+    code, _, err = run_cli(capsys, "resume", home / "sw", "--cluster.env", "{PATH: /tmp/bin}")
+    assert code == 2 and "command line:cluster.env.PATH: may not be set" in err
+    config = Path(manifest["entries"][0]["config_path"])
+    config.write_text(config.read_text().replace('OMP_NUM_THREADS: "1"', "PATH: /tmp/bin"))
     code, _, err = run_cli(capsys, "resume", home / "sw")
-    assert code == 2 and f"{manifest['entries'][0]['config_path']}:cluster.env.PATH: may not be set" in err
+    assert code == 2 and f"{config}:run_root: holds config " in err and "the manifest's fingerprint" in err
+    assert json.loads(manifest_path.read_text()) == before  # nothing resubmitted, nothing recorded
 
 
 def test_template_and_extends_paths_follow_the_path_rule(home, capsys):

@@ -1,4 +1,6 @@
-"""The sbatch script is one pure function; a golden file pins it for the a100-ib profile."""
+"""The sbatch script is one pure function; a golden file pins it for the a100-ib profile, as a submit
+renders it for the two-node 8xA100 cluster whose `scontrol show partition/node -o` answers are kept
+beside it (64 CPUs per node: the profile leaves cpus_per_task to the node, 8 per rank)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import pytest
 
 from hpcrl.config.resolve import resolve
 from hpcrl.errors import ConfigError
+from hpcrl.launcher import preflight
 from hpcrl.launcher.sbatch import render_sbatch, sbatch_parameters
 
 REPO = Path(__file__).resolve().parents[2]
@@ -20,9 +23,22 @@ FOLDER = "/scratch/hpcrl/sweeps/a100-grpo/slurm"
 PYTHON = "/opt/hpcrl/.venv/bin/python"
 
 
+def a100_view() -> preflight.ClusterView:
+    """The A100-shaped cluster (slurm/a100/start.sh) as its controller described itself."""
+    golden = GOLDEN.parent
+    return preflight.view_from_text(
+        "MaxArraySize            = 1001\n",
+        (golden / "a100-partitions.txt").read_text(),
+        (golden / "a100-nodes.txt").read_text(),
+    )
+
+
 def a100_script() -> str:
     sweep = resolve(REPO / "templates/examples/a100-grpo-sweep.yaml")
-    params = sbatch_parameters(sweep.elements[0].config.cluster, sweep.name)
+    cluster = sweep.elements[0].config.cluster
+    fit = preflight.fit(cluster, a100_view())
+    assert fit.problems == [] and fit.cpus_per_task == 8  # 64 CPUs / 8 ranks
+    params = sbatch_parameters(cluster, sweep.name, cpus_per_task=fit.cpus_per_task)
     return render_sbatch(params, FOLDER, len(sweep.elements), PYTHON)
 
 
@@ -38,6 +54,8 @@ def test_a100_ib_script_matches_golden_file():
         "#SBATCH --nodes=2",
         "#SBATCH --ntasks-per-node=8",
         "#SBATCH --array=0-3%4",
+        "#SBATCH --cpus-per-task=8",
+        "export OMP_NUM_THREADS=8",
         "export NCCL_SOCKET_IFNAME=ib0",
         "export NCCL_IB_GID_INDEX=3",
     ):

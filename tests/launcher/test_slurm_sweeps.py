@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import shutil
 import subprocess
 import uuid
 from pathlib import Path
@@ -185,21 +187,37 @@ def test_hostile_values_reach_the_job_as_inert_data(slurm_cluster, tmp_path, cap
     assert subprocess.run(["bash", "-n", "-c", script], check=False).returncode == 0
 
 
-def test_sbatch_refusal_is_exit_1_with_a_whole_manifest(slurm_cluster, tmp_path, capsys):
+def test_an_unknown_partition_is_exit_2_before_anything_is_written(slurm_cluster, tmp_path, capsys):
     sweep_dir = tmp_path / "sweep"
-    code = cli.main(
-        [
-            "submit",
-            str(REPO / "templates/examples/probe-2x2.yaml"),
-            "--sweep_dir",
-            str(sweep_dir),
-            "--run_root",
-            str(tmp_path / "runs"),
-            "--cluster.partition",
-            "no_such_partition",
-        ]
+    argv = ["submit", str(REPO / "templates/examples/probe-2x2.yaml"), "--sweep_dir", str(sweep_dir)]
+    code = cli.main([*argv, "--run_root", str(tmp_path / "runs"), "--cluster.partition", "no_such_partition"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "cluster.partition: no partition 'no_such_partition' on this cluster (partitions: debug)" in err
+    assert not sweep_dir.exists() and not (tmp_path / "runs").exists()
+
+
+def test_sbatch_refusal_is_exit_1_with_a_whole_manifest_and_the_reason(
+    slurm_cluster, tmp_path, monkeypatch, capsys
+):
+    """A refusal that only the real submission meets (a QOS submit limit reached after the preflight's
+    `sbatch --test-only`): an `sbatch` in front of the real one refuses everything but --test-only."""
+    real = shutil.which("sbatch")
+    fake = tmp_path / "bin" / "sbatch"
+    fake.parent.mkdir()
+    fake.write_text(
+        f'#!/bin/bash\ncase " $* " in *" --test-only "*) exec {real} "$@" ;; esac\n'
+        'echo "sbatch: error: Batch job submission failed: Job violates accounting/QOS policy" >&2\nexit 1\n'
     )
-    assert code == 1
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    sweep_dir = tmp_path / "sweep"
+    argv = ["submit", str(REPO / "templates/examples/probe-2x2.yaml"), "--sweep_dir", str(sweep_dir)]
+    assert cli.main([*argv, "--run_root", str(tmp_path / "runs")]) == 1
     assert "sbatch failed" in capsys.readouterr().err
     manifest = load_manifest(sweep_dir)  # valid JSON: written atomically before and after the attempt
     assert [e.state for e in manifest.entries] == ["SUBMIT_FAILED"] and manifest.arrays == []
+    shown = status(sweep_dir, capsys)["elements"][0]
+    assert shown["state"] == "SUBMIT_FAILED" and "QOS policy" in shown["reason"]
+    assert cli.main(["status", str(sweep_dir)]) == 0
+    assert "QOS policy" in capsys.readouterr().out

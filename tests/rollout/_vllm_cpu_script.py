@@ -27,7 +27,7 @@ def _as_lists(out) -> dict:
 
 
 def main(spec_path: str) -> None:
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # tensors reach the worker in-process (FACTS)
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # tensors reach the worker in-process (docs/FACTS.md)
     with open(spec_path) as f:
         spec = json.load(f)
     import_start = time.perf_counter()

@@ -22,7 +22,7 @@ from tests.rollout._megatron_rank_fns import generation_parity_rank
 pytestmark = pytest.mark.dist
 
 LOGPROB_TOL = 1e-5
-"""fp32: TP sums in another order differ by ~1e-6 (FACTS, megatron <-> HF parity); 10x margin."""
+"""fp32: TP sums in another order differ by ~1e-6 (docs/FACTS.md, megatron <-> HF parity); 10x margin."""
 LAYOUTS = [
     (4, 1, 1, 2, 1),  # t=4 -> t_g=2: generation TP groups [0,2],[1,3] (strided), micro-DP [0,1],[2,3]
     (2, 2, 1, 2, 1),  # t=2,p=2 -> t_g=2,p_g=1: the two stages merge

