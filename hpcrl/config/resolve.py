@@ -4,7 +4,7 @@ Precedence, lowest first: dataclass defaults < cluster profile (for `cluster:`) 
 command-line overrides < the element's sweep values. Overriding a swept key on the command line is an
 error (the sweep would collapse into copies). Everything is checked before anything is returned, and
 ALL problems are raised together as one ConfigError (exit 2). Where profiles may come from and what
-only they may set: hpcrl.launcher.profiles. Every string of every element: hpcrl.config.text_rules.
+only they may set: hpcrl.cluster.profiles. Every string of every element: hpcrl.config.text_rules.
 
 Config id: the first 10 hex digits of sha256 over the canonical JSON of the resolved config, so the
 same experiment always gets the same id (and run directory), whatever template produced it.
@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpcrl.cluster.config import ClusterConfig
+from hpcrl.cluster.profiles import find_profile, is_path, load_profile, reference_problem, setup_problems
 from hpcrl.config.elements import ElementMaker, Elements, ResolvedConfig, config_id
 from hpcrl.config.experiment import ExperimentConfig
 from hpcrl.config.rules import check_rules
@@ -34,8 +36,6 @@ from hpcrl.config.sweep import SweepPlan, check_sweep
 from hpcrl.config.template import Template, load_template
 from hpcrl.config.text_rules import string_problems
 from hpcrl.errors import ConfigError, Problem
-from hpcrl.launcher.config import ClusterConfig
-from hpcrl.launcher.profiles import find_profile, is_path, load_profile, reference_problem, setup_problems
 from hpcrl.progress import Track, untracked
 
 __all__ = ["ResolvedConfig", "Sweep", "config_id", "element_problems", "resolve"]

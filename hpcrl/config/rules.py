@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import re
 
+from hpcrl.cluster.rules import check_cluster
 from hpcrl.config.experiment import ExperimentConfig
 from hpcrl.errors import short
-from hpcrl.launcher.sbatch import check_cluster
 from hpcrl.rl.algorithms import algorithm_problems
 
 _ENTRYPOINT = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_]\w*")

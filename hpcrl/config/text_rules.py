@@ -70,7 +70,7 @@ def string_problems(plain: dict[str, Any]) -> list[tuple[str, str]]:
     """Every string of a resolved config (as plain data) that breaks its rule, as (dotted key, message).
 
     Mapping keys are not checked here: the only mapping field is `cluster.env`, whose names have their
-    own, stricter rule (hpcrl.launcher.sbatch.env_problems)."""
+    own, stricter rule (hpcrl.cluster.rules.env_problems)."""
     out = []
     for key, value in _strings(plain, ""):
         problem = path_problem(value) if key in PATH_KEYS else text_problem(value)

@@ -45,9 +45,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hpcrl.cluster.config import ClusterConfig
 from hpcrl.errors import ClusterError, Problem, cut
 from hpcrl.launcher import slurm
-from hpcrl.launcher.config import ClusterConfig
 from hpcrl.launcher.sbatch import render_sbatch, sbatch_parameters
 from hpcrl.launcher.slurm import parse_max_array_size, parse_records
 

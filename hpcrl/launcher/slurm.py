@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hpcrl.cluster.config import ClusterConfig
 from hpcrl.config.yaml_io import canonical_json
 from hpcrl.errors import ClusterError, cut
-from hpcrl.launcher.config import ClusterConfig
 from hpcrl.launcher.sbatch import render_sbatch, sbatch_parameters
 
 DEFAULT_MAX_ARRAY_SIZE = 1001

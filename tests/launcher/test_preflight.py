@@ -16,10 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpcrl import cli
+from hpcrl.cluster.config import ClusterConfig
 from hpcrl.config.resolve import resolve
 from hpcrl.errors import ClusterError, ConfigError
 from hpcrl.launcher import preflight, slurm, sweeps
-from hpcrl.launcher.config import ClusterConfig
 from hpcrl.launcher.manifest import load_manifest
 
 REPO = Path(__file__).resolve().parents[2]

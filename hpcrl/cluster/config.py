@@ -15,7 +15,7 @@ class ClusterConfig:
     profile: str | None = None
     """Cluster profile whose values are defaults for this section: a name, looked up in the repository's
     slurm/profiles/ and in $XDG_CONFIG_HOME/hpcrl/profiles/; a file path only on the command line
-    (--cluster.profile PATH). Never swept (hpcrl.launcher.profiles)."""
+    (--cluster.profile PATH). Never swept (hpcrl.cluster.profiles)."""
     partition: str | None = None
     """Slurm partition."""
     account: str | None = None
@@ -57,11 +57,11 @@ class ClusterConfig:
     env: dict[str, str] = field(default_factory=dict)
     """Environment of every rank (e.g. NCCL_IB_HCA, OMP_NUM_THREADS): exported as single-quoted data, the
     last lines before srun. Names that steer code (PATH, LD_*, PYTHON*, SLURM_*, ...) are refused
-    (hpcrl.launcher.sbatch.env_problems)."""
+    (hpcrl.cluster.rules.env_problems)."""
     modules: list[str] = field(default_factory=list)
     """`module load` names run before the job."""
     container: str | None = None
     """Container image for srun --container-image (pyxis), if any."""
     setup: list[str] = field(default_factory=list)
     """Trusted shell lines run in the batch script before srun: from a profile only, never from a
-    template, the command line or a sweep (hpcrl.launcher.profiles.setup_problems)."""
+    template, the command line or a sweep (hpcrl.cluster.profiles.setup_problems)."""
