@@ -1,7 +1,10 @@
 """The whole experiment: one dataclass composed of the components' own configs.
 
 Each component owns its config (and its defaults); this module only composes them, so every default
-has exactly one home. Templates (YAML) are validated against `ExperimentConfig` by jsonargparse.
+has exactly one home. Templates (YAML) and `--<dotted.key>` overrides are checked against
+`ExperimentConfig`'s type hints by hpcrl.config.schema (not by jsonargparse, which stops at the first bad
+key: a template author gets every problem at once, each with its file and key); jsonargparse only
+parses the command line's own options.
 """
 
 from __future__ import annotations
@@ -47,6 +50,11 @@ class ExperimentConfig:
     @property
     def ranks_per_element(self) -> int:
         """Ranks one element needs: tensor*pipeline*data, twice that for split placement (two equal rank
-        pools, HybridFlow's resource pools: actor+rollout on one, critic+reference on the other)."""
+        pools, HybridFlow's resource pools: actor+rollout on one, critic+reference on the other); async
+        placement: the training pool plus the rollout pool (rollout_tensor*rollout_pipeline*
+        algorithm.rollout_pool_data ranks)."""
         pools = 2 if self.algorithm.placement == "split" else 1
+        if self.algorithm.placement == "async":  # + the rollout pool at the generation layout
+            p = self.parallel
+            return p.world_size + p.rollout_tensor * p.rollout_pipeline * self.algorithm.rollout_pool_data
         return pools * self.parallel.world_size

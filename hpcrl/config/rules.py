@@ -45,12 +45,18 @@ def check_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
     ranks = cl.nodes * cl.tasks_per_node
     if ranks != cfg.ranks_per_element:
         pools = " x 2 pools (algorithm.placement: split)" if cfg.algorithm.placement == "split" else ""
+        sizes = f"{par.tensor}*{par.pipeline}*{par.data}{' x 2' if pools else ''}"
+        if cfg.algorithm.placement == "async":
+            pools = (
+                " + parallel.rollout_tensor*rollout_pipeline*algorithm.rollout_pool_data (async placement)"
+            )
+            sizes += f" + {par.rollout_tensor}*{par.rollout_pipeline}*{cfg.algorithm.rollout_pool_data}"
         out.append(
             (
                 "cluster.nodes",
                 f"layout mismatch: cluster.nodes*cluster.tasks_per_node = {cl.nodes}*{cl.tasks_per_node} = {ranks} "
                 f"ranks, but parallel.tensor*parallel.pipeline*parallel.data{pools} = "
-                f"{par.tensor}*{par.pipeline}*{par.data}{' x 2' if pools else ''} = {cfg.ranks_per_element}",
+                f"{sizes} = {cfg.ranks_per_element}",
             )
         )
     if par.tensor % par.rollout_tensor:
@@ -117,7 +123,7 @@ def _model_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
     if layout is not None and cfg.model.hf_path is None:  # else the HF directory's dims are checked there
         problems += model_problems(layout, cfg.model)
     facts = EngineFacts.for_element(gpus_per_node(cfg))
-    split = cfg.algorithm.placement == "split"
+    split = cfg.algorithm.placement != "colocated"  # the rollout engine does not span the element
     problems += resolve_engine(
         cfg.rollout, par.rollout_tensor, par.rollout_pipeline, cfg.model, facts, split_placement=split
     )[1]

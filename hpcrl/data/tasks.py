@@ -3,7 +3,9 @@
 Prompts look like `"412="` (or `"12+34="`); a response is the characters the model writes before <eos>.
 Scores give partial credit per position, `matches / max(len(answer), len(response))`, so too long and too
 short responses both lose, and only an exact answer scores 1.0. `even_digits` has no single answer: its
-score is the share of the `num_digits` response positions that hold an even digit.
+score is the share of the `num_digits` response positions that hold an even digit. `zero_digits` is the
+variable-length one: a prompt of 0..`num_digits` digits asks for one 0 per digit, then <eos> (responses of
+1..num_digits+1 tokens: the longest sample of a batch sets its generation time).
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ class Task:
     """(response, answer) -> reward in [0, 1]."""
 
     def num_distinct(self, num_digits: int) -> int:
+        if self.name == "zero_digits":  # every length 0..num_digits
+            return sum(10**length for length in range(num_digits + 1))
         return 100**num_digits if self.name == "add_digits" else 10**num_digits
 
 
@@ -65,6 +69,11 @@ def _even(rng: random.Random, n: int) -> Example:
     return Example(f"{_digits(rng, n)}=", "0" * n)  # the answer only fixes the length
 
 
+def _zeros(rng: random.Random, n: int) -> Example:
+    length = rng.randint(0, n)
+    return Example(f"{_digits(rng, length)}=", "0" * length)
+
+
 def _even_score(response: str, answer: str) -> float:
     return sum(ch in "02468" for ch in response[: len(answer)]) / max(len(answer), len(response))
 
@@ -74,6 +83,7 @@ TASKS: dict[str, Task] = {
     "reverse_digits": Task("reverse_digits", "0123456789=", _reverse, positional_score),
     "add_digits": Task("add_digits", "0123456789+=", _add, positional_score),
     "even_digits": Task("even_digits", "0123456789=", _even, _even_score),
+    "zero_digits": Task("zero_digits", "0123456789=", _zeros, positional_score),
 }
 
 ALPHABET = "0123456789+="

@@ -7,11 +7,14 @@ Composition only; each piece is built by its owner's factory. Placement (`algori
   [0, n) host the actor and the rollout engine (reshard inside the pool), ranks [n, 2n) host the critic
   and the reference; world = 2n. Batches cross pools through collectives over the default group (the
   worker groups' `Pool.share` / the rollout all-gather); the driver code is the same.
+- async: a training pool and a rollout pool that generates the next batches during the update
+  (hpcrl.rl.async_placement composes it, hpcrl.rl.async_driver runs it).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch.distributed as dist
@@ -22,7 +25,9 @@ from hpcrl.data.sources import load_splits
 from hpcrl.data.tokenizer import encode_prompts
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.metrics.logger import MetricsLogger
+from hpcrl.rewards.scoring import build_scorer
 from hpcrl.rl.algorithms import ALGORITHMS
+from hpcrl.rl.async_placement import async_placement_problems, build_async_driver
 from hpcrl.rl.driver import PromptCodec, RLDriver, Workers
 from hpcrl.rl.workers import ActorWorker, Pool, RolloutWorker, Shards, TrainerWorker
 from hpcrl.rollout.base import SamplingParams
@@ -56,7 +61,7 @@ def training_world(cfg: ExperimentConfig, world: int) -> int:
 
 def _resolve_rollout_engine(cfg: ExperimentConfig, facts: EngineFacts) -> tuple[str, list[Problem]]:
     p = cfg.parallel
-    split = cfg.algorithm.placement == "split"
+    split = cfg.algorithm.placement != "colocated"  # the rollout engine does not span the world
     return resolve_engine(
         cfg.rollout, p.rollout_tensor, p.rollout_pipeline, cfg.model, facts, split_placement=split
     )
@@ -77,6 +82,8 @@ def rollout_engine_for(cfg: ExperimentConfig) -> str:
 
 def placement_problems(cfg: ExperimentConfig, world: int) -> list[Problem]:
     """Rules of `algorithm.placement` (each Problem names its key); empty when the placement fits."""
+    if cfg.algorithm.placement == "async":
+        return async_placement_problems(cfg, world)
     if cfg.algorithm.placement != "split":
         return []
     problems = []
@@ -133,42 +140,58 @@ def _pool_groups(cfg: ExperimentConfig, pools: Pools):
 @dataclass
 class Job:
     driver: RLDriver
+    """The step runner: RLDriver, or an async pool's driver (hpcrl.rl.async_driver) on that placement."""
     logger: MetricsLogger
+    extra: object | None = None
+    """Checkpointed state beyond trainers and data cursor (hpcrl.rl.checkpointing.CheckpointedState)."""
+    close: Callable[[bool], None] = field(default=lambda wait: None)
+    """Stops what the job runs in the background (the async rollout's receive thread); the argument says
+    whether to wait for work in flight (a run that ended well) or not (a failed one)."""
 
 
 def build_job(cfg: ExperimentConfig, run_dir: Path, rank: int, world: int) -> Job:
-    from hpcrl.rewards.scoring import build_scorer
-
     problems = placement_problems(cfg, world)
     if problems:
         raise ConfigError(problems)
     tokenizer = build_tokenizer(cfg)
     train, heldout = load_splits(cfg.data)
     encode_prompts(tokenizer, [e.prompt for e in train + heldout], cfg.data.max_prompt_length)  # fail early
+    if cfg.algorithm.placement == "async":
+
+        def core(workers: Workers) -> RLDriver:
+            return core_driver(cfg, workers, tokenizer, train, heldout)
+
+        driver = build_async_driver(cfg, rank, tokenizer, rollout_engine_for(cfg), core)
+        logger = MetricsLogger(cfg.logging, run_dir, cfg.algorithm.steps, is_main=rank == 0)
+        return Job(driver=driver, logger=logger, extra=driver, close=driver.close)
     pools = Pools.for_config(cfg, world)
     actor_groups, model_groups = _pool_groups(cfg, pools)
     actor, rollout = _build_actor_and_rollout(cfg, tokenizer, pools.actor, actor_groups, rank, world)
     reference, critic = _build_model_pool(cfg, pools.models, model_groups)
+    driver = core_driver(cfg, Workers(actor, rollout, reference, critic), tokenizer, train, heldout)
+    logger = MetricsLogger(cfg.logging, run_dir, cfg.algorithm.steps, is_main=rank == 0)
+    return Job(driver=driver, logger=logger)
+
+
+def core_driver(cfg: ExperimentConfig, workers: Workers, tokenizer, train: list, heldout: list) -> RLDriver:
+    """The RL dataflow over `workers` with this config's sampling, reward, data and codec."""
     codec = PromptCodec(
         encode=lambda texts: encode_prompts(tokenizer, texts, cfg.data.max_prompt_length),
         decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
         eos_id=tokenizer.eos_token_id,
     )
-    cursor = DataCursor(seed=cfg.data.shuffle_seed)
-    driver = RLDriver(
+    return RLDriver(
         cfg.algorithm,
         SamplingParams.from_config(cfg.rollout),
         cfg.rollout.samples_per_prompt,
-        Workers(actor, rollout, reference, critic),
+        workers,
         codec,
         build_scorer(cfg.reward, cfg.data),
         cfg.reward.nan_policy,
-        PromptSampler(train, cursor),
+        PromptSampler(train, DataCursor(seed=cfg.data.shuffle_seed)),
         heldout,
         seed=cfg.seed,
     )
-    logger = MetricsLogger(cfg.logging, run_dir, cfg.algorithm.steps, is_main=rank == 0)
-    return Job(driver=driver, logger=logger)
 
 
 def _temperature(cfg: ExperimentConfig) -> float:

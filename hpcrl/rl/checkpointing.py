@@ -5,7 +5,9 @@ Saved: the trainers' parameters and AdamW state as shards, one prefix per traine
 the data cursor of the job's `PromptSampler`, the step, RNG states, an fp16 trainer's loss-scale state
 (`RunState.algorithm_state["loss_scale"]`). Not saved: the reference model (it is
 rebuilt from the same init or HF directory) and the rollout engine (it receives the actor's weights at the
-start of every step). Saves are async when `checkpoint.async_save`: every saved trainer fences the
+start of every step). A driver with more state hands it over as a `CheckpointedState` (the async
+placement: its weight version and the batches generated but not yet trained, hpcrl.rl.async_driver).
+Saves are async when `checkpoint.async_save`: every saved trainer fences the
 in-flight save before its optimizer step (`Trainer.add_pre_step_hook(checkpointer.fence)`), the first
 in-place write of its parameters and optimizer state in a step (nothing else writes them in place: the
 reshard engine and the rollout engines only read the training shards).
@@ -31,7 +33,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch.distributed as dist
 
@@ -40,7 +42,7 @@ from hpcrl.ckpt.collectives import all_gather_json, group_rank
 from hpcrl.ckpt.load import ForeignCheckpoint, Loaded, NoCheckpoint, load_checkpoint
 from hpcrl.ckpt.manifest import CheckpointError, Manifest
 from hpcrl.ckpt.megatron import load_into_trainer, model_extra, trainer_shards, trainer_specs
-from hpcrl.ckpt.shards import ShardSpec
+from hpcrl.ckpt.shards import ShardedTensor, ShardSpec
 from hpcrl.ckpt.state import RunState, restore_rng
 from hpcrl.ckpt.trigger import SaveTrigger, restart_count
 from hpcrl.config.experiment import ExperimentConfig
@@ -51,6 +53,8 @@ from hpcrl.metrics.sinks import METRICS_FILE
 from hpcrl.rl.run_identity import RunIdentity, fingerprint_of, load_or_create
 
 if TYPE_CHECKING:
+    import torch
+
     from hpcrl.metrics.logger import MetricsLogger
     from hpcrl.train.trainer import Trainer
 
@@ -106,6 +110,24 @@ class SamplerOwner(Protocol):
     sampler: PromptSampler
 
 
+class CheckpointedState(Protocol):
+    """A driver's state beyond the trainers and the data cursor, saved with every checkpoint and restored
+    on resume (the async placement's weight version and in-flight batches, hpcrl.rl.async_driver).
+    Its JSON goes to `RunState.algorithm_state[key]` (rank 0's is committed), its tensors are shards."""
+
+    key: str
+
+    def checkpoint_state(self) -> dict[str, Any]: ...
+
+    def checkpoint_shards(self) -> list[ShardedTensor]: ...
+
+    def checkpoint_specs(self, manifest: Manifest) -> list[ShardSpec]: ...
+
+    def restore(self, step: int, saved: dict[str, Any] | None, tensors: dict[str, torch.Tensor]) -> None:
+        """Continue after `step` completed steps from `saved` (None: the checkpoint has no such state)
+        and the loaded `tensors` (those its `checkpoint_specs` asked for)."""
+
+
 def rl_trainers(driver) -> dict[str, Trainer]:
     """The trainers an RL driver checkpoints on this rank, by prefix. Split placement: a rank holds only
     its own pool's trainers (the others are stand-ins without one)."""
@@ -126,8 +148,10 @@ class RLCheckpointing:
         trainers: dict[str, Trainer],
         data: SamplerOwner,
         lifecycle: Lifecycle | None = None,
+        extra: CheckpointedState | None = None,
     ):
         self.cfg, self.data, self.run_dir = cfg, data, Path(run_dir)
+        self.extra = extra
         self.lifecycle = lifecycle or Lifecycle()  # a direct call (tests): inert, no signal handlers
         self.trainers = dict(trainers)
         self.group = dist.group.WORLD if dist.is_initialized() and dist.get_world_size() > 1 else None
@@ -165,6 +189,9 @@ class RLCheckpointing:
             trainer.load_scaler_state(loss_scales.get(prefix, {}))
         if loaded.rng is not None:
             restore_rng(loaded.rng)
+        if self.extra is not None:
+            saved = loaded.state.algorithm_state.get(self.extra.key)
+            self.extra.restore(loaded.state.step, saved, loaded.tensors)
         self.data.sampler = PromptSampler(
             self.data.sampler.rows, DataCursor.from_dict(loaded.state.data_cursor)
         )
@@ -235,7 +262,8 @@ class RLCheckpointing:
         dtypes). Its data cursor is parsed here too: one this job cannot use rejects the candidate on
         every rank (the loader's agreed fallback), instead of failing this rank after the load."""
         DataCursor.from_dict(manifest.state.get("data_cursor", {}))
-        return [s for prefix, t in self.trainers.items() for s in trainer_specs(t, manifest, prefix)]
+        specs = [s for prefix, t in self.trainers.items() for s in trainer_specs(t, manifest, prefix)]
+        return specs + (self.extra.checkpoint_specs(manifest) if self.extra is not None else [])
 
     def save(self, completed_steps: int) -> None:
         start = time.perf_counter()
@@ -244,10 +272,14 @@ class RLCheckpointing:
             shards += trainer_shards(trainer, prefix)
             extra["models"].update(model_extra(trainer, prefix)["models"])
         loss_scales = {prefix: s for prefix, t in self.trainers.items() if (s := t.scaler_state())}
+        algorithm_state: dict[str, Any] = {LOSS_SCALE: loss_scales} if loss_scales else {}
+        if self.extra is not None:
+            shards += self.extra.checkpoint_shards()
+            algorithm_state[self.extra.key] = self.extra.checkpoint_state()
         state = RunState(
             step=completed_steps,
             data_cursor=self.data.sampler.cursor.to_dict(),
-            algorithm_state={LOSS_SCALE: loss_scales} if loss_scales else {},
+            algorithm_state=algorithm_state,
             run_id=self.identity.run_id,
             restart_count=restart_count(),
         )
@@ -303,18 +335,19 @@ def run_steps(
     start: float,
     sleep_s: float = 0.0,
     lifecycle: Lifecycle | None = None,
+    extra: CheckpointedState | None = None,
 ) -> tuple[dict, Path | None]:
     """The step loop of a checkpointed job (the RL job and DPO share it): resume, `step(i)` for the
     remaining steps (each logged once, with time/elapsed_s since `start`; then a `sleep_s` pause, the
     recovery tests' knob hpcrl.rl.job.STEP_SLEEP_ENV), saves and a stop for requeue when the trigger says
     so, then `final(steps)` (e.g. the final evaluation) unless stopped; the logger and checkpointer are
     closed (save_on_exit) whatever happens. `ckpt_parts` = (trainers by prefix, the owner of the data
-    cursor); `lifecycle`: the run's signals (None: an inert one). Returns (the last metrics, merged with
-    the final ones; the reward plot or None)."""
+    cursor); `lifecycle`: the run's signals (None: an inert one); `extra`: more checkpointed state
+    (CheckpointedState). Returns (the last metrics, merged with the final ones; the reward plot or None)."""
     ckpt: RLCheckpointing | None = None
     completed, last, stopped = 0, {}, False
     try:  # a refused resume (another run's checkpoint) closes the logger too
-        ckpt = RLCheckpointing(cfg, run_dir, *ckpt_parts, lifecycle=lifecycle)
+        ckpt = RLCheckpointing(cfg, run_dir, *ckpt_parts, lifecycle=lifecycle, extra=extra)
         completed = ckpt.resume()
         for index in range(completed, cfg.algorithm.steps):
             metrics = step(index)

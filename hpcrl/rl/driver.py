@@ -3,6 +3,8 @@ advantages -> update, as plain code over worker groups.
 
 Placement is the worker groups' business (hpcrl.rl.assemble): colocated, actor, reference, critic and
 rollout live on the same ranks; split, actor + rollout on one pool and critic + reference on another.
+(The async placement runs the two halves of this step, `collect` and `train_on`, on two pools at once:
+hpcrl.rl.async_driver.)
 Either way, before generating, the actor's weights go train -> rollout through the reshard engine
 (`ActorWorker.sync_weights`), and every rank runs this code on the same global tensors (see
 workers.py); rank 0 logs.
@@ -145,19 +147,29 @@ class RLDriver:
         if self.algo.eval_every and step % self.algo.eval_every == 0:
             with timer.phase("eval"):  # the policy before this step's update, on the weights just synced
                 metrics["reward/heldout"] = self.evaluate(step)
-        exp, sampled_B = self._collect(step, timer, metrics)
+        exp, sampled_B = self.collect(step, timer, metrics)
         self.workers.rollout.sleep()  # the generation memory (store / vLLM weights + KV cache) until next sync
+        tokens = self.train_on(step, exp, sampled_B, timer, metrics)
+        return metrics | self.timing_metrics(timer, *tokens)
+
+    def train_on(
+        self, step: int, exp: Experience, sampled_B: torch.Tensor, timer: PhaseTimer, metrics: dict
+    ) -> tuple[int, int]:
+        """The training half of a step on a collected batch: old/ref log-probs, values, advantages and
+        the updates (phase "train"), their metrics added to `metrics` with the batch's reward and length
+        figures. Returns (generated tokens, trained tokens) for the throughput figures. The async
+        placement's training pool runs it on batches the rollout pool collected (hpcrl.rl.async_driver)."""
         if len(exp) == 0:
             log.warning("step %d: no sample left to train on (skipped rewards / dynamic sampling)", step)
-            return metrics | self._scores_metrics(sampled_B) | self._timing(timer, 0, 0)
+            metrics |= self._scores_metrics(sampled_B)
+            return 0, 0
         with timer.phase("train"):
             self._prepare(exp, metrics)
             self._update(exp, metrics)
-        num_gen_tokens = int(exp.response_mask_BT.sum())
         metrics |= self._scores_metrics(sampled_B) | self._length_metrics(exp)
-        return metrics | self._timing(timer, num_gen_tokens, int(exp.train_batch().attention_mask_BT.sum()))
+        return int(exp.response_mask_BT.sum()), int(exp.train_batch().attention_mask_BT.sum())
 
-    def _collect(self, step: int, timer: PhaseTimer, metrics: dict) -> tuple[Experience, torch.Tensor]:
+    def collect(self, step: int, timer: PhaseTimer, metrics: dict) -> tuple[Experience, torch.Tensor]:
         """This step's training experience, and the scores of every sample drawn for it (for logging).
 
         Without dynamic sampling: one rollout batch of prompts_per_step prompts. With it (DAPO §3.2):
@@ -311,7 +323,9 @@ class RLDriver:
         return {"response/length_mean": float(lengths.mean()), "response/length_max": float(lengths.max())}
 
     @staticmethod
-    def _timing(timer: PhaseTimer, gen_tokens: int, train_tokens: int) -> dict[str, float]:
+    def timing_metrics(timer: PhaseTimer, gen_tokens: int, train_tokens: int) -> dict[str, float]:
+        """Seconds and share of each phase, tokens/s of generation and training, CUDA memory peaks;
+        time/step_s is the sum of the phases."""
         total = sum(timer.seconds.values()) or 1e-9
         out = {f"time/{k}_s": v for k, v in timer.seconds.items()}
         out |= {f"share/{k}": v / total for k, v in timer.seconds.items()}

@@ -9,6 +9,9 @@ HybridFlow's colocated actor switches train -> rollout through the 3D-HybridEngi
 - hf / vllm: the shard converted to HF names per generation-TP shard (`hpcrl.reshard.convert`) and
   copied in by the engine's `load_weights`.
 
+`shard_loader` is the per-engine "put this generation shard into the engine" step; the async placement
+loads the shards it receives from the training pool through it too (hpcrl.rl.async_weights).
+
 Each hand-off returns its metrics from the reshard's counting transport (this rank's bytes received and
 collectives of that one transition), which the driver logs every step. `sleep` frees the rollout's
 memory between generation and training (generation store; vLLM's `sleep(level=1)` on CUDA).
@@ -110,15 +113,37 @@ def _megatron_side(rollout_cfg, model_cfg, reshard, generation_groups, tokens) -
     return RolloutSide(engine, ReshardHandoff(reshard, store=store), sleep if _sleeps(rollout_cfg) else None)
 
 
-def _whole_model_side(rollout_cfg, model_cfg, layout, rank, reshard, tokens) -> RolloutSide:
-    """hf, or vllm at t_g = 1: the generation shard converted to HF names and copied in."""
-    engine = build_rollout_engine(rollout_cfg, model_cfg, *tokens)
+def shard_loader(
+    engine_name: str, engine: RolloutEngine, layout: ParallelLayout, rank: int, model_cfg: ModelConfig
+) -> Callable[[object], int]:
+    """How a generation shard (anything with `megatron_tensors()`: the reshard engine's, or one received
+    from another pool, hpcrl.rl.async_weights) enters engine `engine_name`; returns tensors loaded.
+    `layout`/`rank`: the generation layout and this rank's index in it (which TP shard it is).
+    - megatron: the Megatron-named tensors copied into the generation model (`load_weights`);
+    - vllm at t_g > 1: this rank's TP shard in HF names, pushed as a shard (`load_shard`);
+    - hf, or vllm at t_g = 1: converted to HF names and copied in (`load_weights`)."""
+    if engine_name == "megatron":
+        return lambda shard: engine.load_weights(shard.megatron_tensors())
+    if engine_name == "vllm" and layout.rollout_tensor > 1:
 
-    def deliver(shard) -> int:
+        def push_shard(shard) -> int:
+            engine.wake_up()
+            return engine.load_shard(rollout_weights(shard, layout, rank, model_cfg))
+
+        return push_shard
+
+    def load(shard) -> int:
         if hasattr(engine, "wake_up"):
             engine.wake_up()
         return engine.load_weights(rollout_weights(shard, layout, rank, model_cfg))
 
+    return load
+
+
+def _whole_model_side(rollout_cfg, model_cfg, layout, rank, reshard, tokens) -> RolloutSide:
+    """hf, or vllm at t_g = 1: the generation shard converted to HF names and copied in."""
+    engine = build_rollout_engine(rollout_cfg, model_cfg, *tokens)
+    deliver = shard_loader("hf", engine, layout, rank, model_cfg)
     sleep = getattr(engine, "sleep", None) if _sleeps(rollout_cfg) else None
     return RolloutSide(engine, ReshardHandoff(reshard, deliver), sleep)
 
@@ -138,10 +163,7 @@ def _vllm_spmd_side(rollout_cfg, model_cfg, layout, rank, reshard, tokens) -> Ro
         dtype=model_cfg.dtype,
     )
 
-    def deliver(shard) -> int:
-        engine.wake_up()
-        return engine.load_shard(rollout_weights(shard, layout, rank, model_cfg))
-
+    deliver = shard_loader("vllm", engine, layout, rank, model_cfg)
     return RolloutSide(
         engine, ReshardHandoff(reshard, deliver), engine.sleep if _sleeps(rollout_cfg) else None
     )

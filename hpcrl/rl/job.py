@@ -104,9 +104,15 @@ def main(cfg: ExperimentConfig, run_dir: Path, lifecycle: Lifecycle | None = Non
     job = build_job(cfg, run_dir, rank, world)
     final = job.driver.final_evaluation if cfg.algorithm.eval_every else None
     parts = (rl_trainers(job.driver), job.driver)
-    last, plot = run_steps(
-        cfg, run_dir, parts, job.logger, job.driver.step, final, start, step_sleep_s(), lifecycle=lifecycle
-    )
+    try:
+        last, plot = run_steps(
+            cfg, run_dir, parts, job.logger, job.driver.step, final, start, step_sleep_s(),
+            lifecycle=lifecycle, extra=job.extra,
+        )  # fmt: skip
+    except BaseException:
+        job.close(False)  # a peer may be gone: do not wait for its transfer
+        raise
+    job.close(True)
     if rank == 0 and plot is not None:
         print(f"hpcrl: reward curve {plot}", flush=True)
     return last

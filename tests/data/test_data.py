@@ -48,10 +48,18 @@ def test_encode_prompts_adds_bos_and_rejects_long_and_empty():
         ("add_digits", "46", 1.0),
         ("even_digits", "284", 1.0),
         ("even_digits", "213", 1 / 3),
+        ("zero_digits", "000", 1.0),
+        ("zero_digits", "0000", 0.75),
     ],
 )
 def test_task_rules(name, response, score):
-    answers = {"copy_digits": "412", "reverse_digits": "214", "add_digits": "46", "even_digits": "000"}
+    answers = {
+        "copy_digits": "412",
+        "reverse_digits": "214",
+        "add_digits": "46",
+        "even_digits": "000",
+        "zero_digits": "000",
+    }
     assert TASKS[name].score(response, answers[name]) == pytest.approx(score)
 
 
@@ -145,3 +153,10 @@ def test_each_epoch_visits_every_row_once():
         DataCursor.from_dict({"epoch": 0, "index": 0, "seed": 0, "pos": 1})
     with pytest.raises(ValueError, match="empty dataset"):
         PromptSampler([], DataCursor())
+
+
+def test_zero_digits_prompts_have_every_length_and_one_zero_per_digit():
+    train, heldout = make_splits(get_task("zero_digits"), 15, 400, 32, seed=0)
+    lengths = {len(e.prompt) - 1 for e in train + heldout}
+    assert lengths <= set(range(16)) and len(lengths) >= 12
+    assert all(e.answer == "0" * (len(e.prompt) - 1) and e.prompt.endswith("=") for e in train + heldout)

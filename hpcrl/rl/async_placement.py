@@ -1,0 +1,247 @@
+"""Compose one rank's job for `algorithm.placement: async`: a training pool and a rollout pool.
+
+Ranks [0, n) are the training pool at the training layout p-t-d (n = p*t*d): the actor with its
+optimizer, and the reference and critic when the algorithm has them. Ranks [n, n + r) are the rollout
+pool at the generation layout p_g-t_g-d_r (r = p_g*t_g*d_r, d_r = algorithm.rollout_pool_data): the
+rollout engine (hf, megatron at any p_g-t_g, vllm at t_g = 1), the reward and the data sampler. The two
+pools run different halves of the step (hpcrl.rl.async_driver); batches cross by a broadcast from the
+first rollout rank to the training ranks (hpcrl.rl.async_channel), weights by the cross-pool transfer
+(hpcrl.reshard.cross_pool, executed by hpcrl.reshard.cross_pool_transfer), and land in the engine through
+the colocated hand-off's own per-engine loader (hpcrl.rl.handoff.shard_loader). Rank 0 (training) logs.
+
+Every process group is created by every rank in one fixed order (torch's new_group rule): training
+groups, the rollout engine's groups (megatron), the rollout pool's gather group, the batch channel's group,
+the transfer's group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from hpcrl.config.experiment import ExperimentConfig
+from hpcrl.distributed.groups import new_group
+from hpcrl.distributed.layout import ParallelLayout
+from hpcrl.errors import Problem
+from hpcrl.reshard.cross_pool import plan_cross_pool
+from hpcrl.reshard.cross_pool_transfer import CrossPoolTransfer
+from hpcrl.reshard.params import gpt_param_metas
+from hpcrl.rl.algorithms import ALGORITHMS
+from hpcrl.rl.async_channel import BatchChannel
+from hpcrl.rl.async_driver import AsyncRolloutDriver, AsyncTrainDriver
+from hpcrl.rl.async_weights import DoubleBufferedWeights, WeightSender
+from hpcrl.rl.driver import RLDriver, Workers
+from hpcrl.rl.handoff import shard_loader
+from hpcrl.rl.workers import ActorWorker, Pool, RolloutWorker, Shards, TrainerWorker
+from hpcrl.rollout.factory import build_rollout_engine
+from hpcrl.rollout.megatron_engine import MegatronRolloutEngine
+from hpcrl.train.config import ModelConfig
+from hpcrl.train.hf_convert import model_config_from_hf
+from hpcrl.train.model import build_train_groups, named_global_params
+from hpcrl.train.trainer import build_policy_trainer, build_value_trainer
+
+
+@dataclass(frozen=True)
+class AsyncPools:
+    """The two pools: `train` at `train_layout`, then `rollout` at `gen_layout` (t = t_g, p = p_g)."""
+
+    train: Pool
+    rollout: Pool
+    train_layout: ParallelLayout
+    gen_layout: ParallelLayout
+
+    @classmethod
+    def for_config(cls, cfg: ExperimentConfig) -> AsyncPools:
+        p = cfg.parallel
+        train_layout = ParallelLayout(tensor=p.tensor, pipeline=p.pipeline, data=p.data)
+        gen_layout = ParallelLayout(
+            tensor=p.rollout_tensor,
+            pipeline=p.rollout_pipeline,
+            data=cfg.algorithm.rollout_pool_data,
+            rollout_tensor=p.rollout_tensor,
+            rollout_pipeline=p.rollout_pipeline,
+        )
+        n, r = train_layout.world_size, gen_layout.world_size
+        return cls(Pool(0, n, n + r), Pool(n, r, n + r), train_layout, gen_layout)
+
+    @property
+    def train_ranks(self) -> list[int]:
+        return list(range(self.train.start, self.train.start + self.train.size))
+
+    @property
+    def rollout_ranks(self) -> list[int]:
+        return list(range(self.rollout.start, self.rollout.start + self.rollout.size))
+
+
+def async_placement_problems(cfg: ExperimentConfig, world: int) -> list[Problem]:
+    """Rules of the async placement that need the world size or the model (each names its key); the
+    rules of its own keys are hpcrl.rl.algorithms' (they run at expand/submit too)."""
+    p, a = cfg.parallel, cfg.algorithm
+    rollout = p.rollout_tensor * p.rollout_pipeline * max(a.rollout_pool_data, 1)
+    problems = []
+    if world != p.world_size + rollout:
+        problems.append(
+            Problem(
+                f"async placement runs a training pool (tensor*pipeline*data = {p.world_size} ranks) and a "
+                f"rollout pool (rollout_tensor*rollout_pipeline*rollout_pool_data = {rollout}): the job "
+                f"needs {p.world_size + rollout} ranks, it has {world}",
+                key="algorithm.placement",
+            )
+        )
+    if cfg.model.tie_word_embeddings and p.rollout_pipeline > 1:
+        problems.append(
+            Problem(
+                "tied embeddings need p_g = 1: the last generation stage would need the embedding for lm_head",
+                key="parallel.rollout_pipeline",
+            )
+        )
+    return problems
+
+
+def resolved_model_config(model: ModelConfig) -> ModelConfig:
+    """The model's dimensions as the trainer will build it: from the HF directory's config.json when
+    `model.hf_path` is set (keeping the run's dtype and init seed), else the config as written. Both pools
+    plan the transfer from it before any model exists."""
+    if model.hf_path is None:
+        return model
+    from transformers import AutoConfig  # the HF directory's config.json, only for a model.hf_path run
+
+    hf_config = AutoConfig.from_pretrained(model.hf_path, local_files_only=True)
+    return model_config_from_hf(
+        hf_config, hf_path=model.hf_path, dtype=model.dtype, init_seed=model.init_seed
+    )
+
+
+@dataclass
+class AsyncGroups:
+    """This rank's process groups of the async placement (None where it is outside)."""
+
+    train: object | None
+    """TrainGroups of the training layout (training ranks)."""
+    engine: object | None
+    """TrainGroups of the generation layout (rollout ranks; megatron engine only)."""
+    rollout_gather: object | None
+    """The rollout pool (its generation replicas gather their outputs over it); None for one rank."""
+    channel: object | None
+    """First rollout rank + the training ranks (the batch channel)."""
+    transfer: object | None
+    """This rank's CrossPoolTransfer."""
+
+    @classmethod
+    def build(
+        cls, cfg: ExperimentConfig, pools: AsyncPools, engine_name: str, model_cfg: ModelConfig, rank: int
+    ):
+        """Collective over the whole world: every rank calls it with the same arguments."""
+
+        timeout, tl, gl = cfg.parallel.timeout_s, pools.train_layout, pools.gen_layout
+        train = build_train_groups(tl.tensor, tl.pipeline, tl.data, rank_offset=0, timeout_s=timeout)
+        engine = None
+        if engine_name == "megatron":
+            engine = build_train_groups(
+                gl.tensor, gl.pipeline, gl.data, rank_offset=pools.rollout.start, timeout_s=timeout
+            )
+        gather = new_group(pools.rollout_ranks, timeout) if pools.rollout.size > 1 else None
+        channel = new_group([pools.rollout.start, *pools.train_ranks], timeout)
+        plan = plan_cross_pool(
+            gpt_param_metas(model_cfg, pipeline=tl.pipeline),
+            train=tl,
+            train_ranks=pools.train_ranks,
+            gen=gl,
+            gen_ranks=pools.rollout_ranks,
+        )
+        transfer = CrossPoolTransfer.build(plan, rank, timeout_s=timeout)
+        in_rollout = rank in pools.rollout
+        return cls(
+            train=train,
+            engine=engine,
+            rollout_gather=gather if in_rollout else None,
+            channel=channel if rank in pools.train or rank == pools.rollout.start else None,
+            transfer=transfer,
+        )
+
+
+def _torch_dtype(model_cfg: ModelConfig) -> torch.dtype:
+    return getattr(torch, model_cfg.dtype)
+
+
+def build_training_side(cfg: ExperimentConfig, groups: AsyncGroups, tokenizer):
+    """(Workers, WeightSender) of a training rank: actor (+ reference, critic) on the training pool's
+    groups; the rollout worker is a stand-in (the rollout pool generates)."""
+
+    mbs, g = cfg.optim.micro_batch_size, groups.train
+    temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
+    trainer = build_policy_trainer(cfg.model, cfg.optim, g, temperature=temperature)
+    reference = critic = None
+    if cfg.algorithm.kl_coef > 0:
+        reference = TrainerWorker(build_policy_trainer(cfg.model, None, g, temperature=temperature), mbs)
+    if ALGORITHMS[cfg.algorithm.name].needs_critic:
+        critic = TrainerWorker(build_value_trainer(cfg.model, cfg.optim, g), mbs)
+
+    def params():
+        return dict(named_global_params(trainer.model, trainer.model_cfg, g))
+
+    rollout = RolloutWorker(None, Shards(-1, 1), None, tokenizer.pad_token_id)
+    workers = Workers(ActorWorker(trainer, None, mbs), rollout, reference, critic)
+    return workers, WeightSender(groups.transfer, params)
+
+
+def build_rollout_side(
+    cfg: ExperimentConfig,
+    pools: AsyncPools,
+    groups: AsyncGroups,
+    engine_name: str,
+    model_cfg,
+    tokenizer,
+    rank: int,
+):
+    """(Workers, DoubleBufferedWeights) of a rollout rank: the engine at the generation layout, fed by
+    the cross-pool transfer through a back buffer; the actor is a stand-in (the training pool trains)."""
+
+    local = rank - pools.rollout.start
+    tokens = (tokenizer.pad_token_id, tokenizer.eos_token_id)
+    if engine_name == "megatron":
+        engine = MegatronRolloutEngine.build(model_cfg, groups.engine, *tokens)
+    else:  # hf, or vllm at t_g = 1 (its TP groups would span the world: a placement rule refuses t_g > 1)
+        engine = build_rollout_engine(cfg.rollout, model_cfg, *tokens)
+    device = (
+        torch.device("cuda", torch.cuda.current_device())
+        if torch.cuda.is_available()
+        else torch.device("cpu")
+    )
+    back = groups.transfer.allocate(_torch_dtype(model_cfg), device)
+    load = shard_loader(engine_name, engine, pools.gen_layout, local, model_cfg)
+    coords = pools.gen_layout.rollout_coords(local)
+    rollout = RolloutWorker(
+        engine,
+        Shards(coords.data, pools.gen_layout.rollout_data),
+        groups.rollout_gather,
+        tokenizer.pad_token_id,
+        max_num_seqs=None if engine_name == "vllm" else cfg.rollout.max_num_seqs,
+    )
+    actor = ActorWorker(None, None, cfg.optim.micro_batch_size, pools.train)
+    return Workers(actor, rollout), DoubleBufferedWeights(groups.transfer, back, load)
+
+
+def build_async_driver(
+    cfg: ExperimentConfig,
+    rank: int,
+    tokenizer,
+    engine_name: str,
+    core: Callable[[Workers], RLDriver],
+) -> AsyncTrainDriver | AsyncRolloutDriver:
+    """This rank's side of the async placement: AsyncTrainDriver on the training pool, AsyncRolloutDriver
+    on the rollout pool. `engine_name`: the resolved rollout engine; `core(workers)` builds the RL
+    dataflow (hpcrl.rl.assemble.core_driver) over this rank's workers. Collective: every rank calls it
+    (the groups, then each pool's models)."""
+    pools = AsyncPools.for_config(cfg)
+    model_cfg = resolved_model_config(cfg.model)
+    groups = AsyncGroups.build(cfg, pools, engine_name, model_cfg, rank)
+    m = cfg.algorithm.max_off_policy_steps
+    channel = BatchChannel(groups.channel, pools.rollout.start) if groups.channel is not None else None
+    if rank in pools.train:
+        workers, sender = build_training_side(cfg, groups, tokenizer)
+        return AsyncTrainDriver(core(workers), channel, sender, m)
+    workers, weights = build_rollout_side(cfg, pools, groups, engine_name, model_cfg, tokenizer, rank)
+    return AsyncRolloutDriver(core(workers), channel, weights, m)
