@@ -95,8 +95,8 @@ def jsonargparse_ms_per_config(sample: int = BASELINE_SAMPLE) -> float:
     """The baseline: jsonargparse checking one resolved config, per config."""
     from jsonargparse import ArgumentParser
 
-    from hpcrl.config.experiment import ExperimentConfig
-    from hpcrl.config.resolve import resolve
+    from hpcrl.experiment.config import ExperimentConfig
+    from hpcrl.experiment.resolve import resolve
 
     parser = ArgumentParser(exit_on_error=False)
     parser.add_class_arguments(ExperimentConfig, "cfg")

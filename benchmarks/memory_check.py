@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def parse_sets(items: list[str]) -> dict:
-    """`key=value` pairs (value read as YAML) -> overrides for hpcrl.config.resolve."""
+    """`key=value` pairs (value read as YAML) -> overrides for hpcrl.experiment.resolve."""
     from hpcrl.config.yaml_io import loads_yaml
     from hpcrl.errors import ConfigError, Problem
 
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from hpcrl.bench.records import Record, write_records
-    from hpcrl.config.resolve import resolve
+    from hpcrl.experiment.resolve import resolve
     from hpcrl.plan.formulas import rank_params
     from hpcrl.plan.measure import measure_update_peak
     from hpcrl.plan.memory import dims_of, predict

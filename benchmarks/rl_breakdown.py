@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from hpcrl.bench.records import write_records
-    from hpcrl.config.resolve import resolve
+    from hpcrl.experiment.resolve import resolve
     from hpcrl.plan.formulas import rank_params
     from hpcrl.plan.memory import dims_of
 

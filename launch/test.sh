@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # README's second command: set up everything and run ALL tests.
 #   venv + hpcrl[dev] -> Debian packages for Slurm -> start the dev Slurm cluster (slurmctld, 4 slurmd,
-#   slurmdbd + MariaDB) and the A100-shaped one (slurm/a100) -> ruff -> pytest -> stop both clusters by
+#   slurmdbd + MariaDB) and the A100-shaped one (slurm/a100) -> ruff -> lint-imports -> pytest -> stop both clusters by
 #   their recorded PIDs, even on failure.
 # Extra arguments go to pytest (e.g. `launch/test.sh -k reshard`).
 set -euo pipefail
@@ -26,6 +26,7 @@ bash slurm/a100/start.sh
 export HPCRL_REQUIRE_SLURM=1
 ruff check .
 ruff format --check .
+lint-imports --no-cache  # the layer map (pyproject's [tool.importlinter], README "Architecture")
 set +e
 python -m pytest "$@"
 rc=$?

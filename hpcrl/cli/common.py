@@ -4,7 +4,7 @@ and --help-config.
 Every leaf of ExperimentConfig is an option (`--algorithm.lr 1e-6`, `--cluster.env '{A: b}'`), hidden from
 --help: ~120 keys listed there made `hpcrl submit --help` 400 lines long, each with jsonargparse's
 "(type: str)" beside its real type. --help names the mechanism; `--help-config [PREFIX]` prints every
-key with its type, default and docstring (hpcrl.config.reference). A mistyped key is refused by the CLI
+key with its type, default and docstring (hpcrl.experiment.reference). A mistyped key is refused by the CLI
 with the closest key (hpcrl.cli). Values are read as YAML scalars/flow collections and checked like
 template values, all at once, each problem naming `command line` and the key. The raw text must be one
 line of printable text (the config text rule, hpcrl.config.text_rules) BEFORE YAML reads it: YAML would
@@ -18,12 +18,12 @@ import argparse
 import sys
 from typing import Any
 
-from hpcrl.config.experiment import ExperimentConfig
-from hpcrl.config.reference import reference
 from hpcrl.config.schema import TypeMismatch, check_value, leaf_types
 from hpcrl.config.text_rules import text_problem
 from hpcrl.config.yaml_io import loads_yaml
 from hpcrl.errors import ConfigError, Problem
+from hpcrl.experiment.config import ExperimentConfig
+from hpcrl.experiment.reference import reference
 
 OVERRIDES_HELP = """\
 --<dotted.key> VALUE  set any config key, e.g. --optim.lr 1e-5 --cluster.nodes 2 (VALUE is YAML);

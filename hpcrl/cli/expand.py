@@ -6,7 +6,7 @@ import json
 import sys
 
 from hpcrl.cli.common import add_template_arguments, overrides_from, print_config_if_asked
-from hpcrl.config.resolve import resolve
+from hpcrl.experiment.resolve import resolve
 from hpcrl.progress import DelayedProgress
 
 HELP = "Resolve a template (and its sweep) and print every element: index, config id, swept values."

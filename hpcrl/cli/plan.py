@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 from hpcrl.cli.common import add_template_arguments, overrides_from
-from hpcrl.config.resolve import resolve
+from hpcrl.experiment.resolve import resolve
 from hpcrl.plan.memory import predict
 
 HELP = "Predict per-rank accelerator memory and host RAM of a template's configs (memory preflight)."

@@ -17,8 +17,8 @@ from types import SimpleNamespace
 
 from hpcrl.cli.common import add_override_arguments, overrides_from
 from hpcrl.cli.submit import memory_preflight
-from hpcrl.config.resolve import element_problems
 from hpcrl.errors import ConfigError, Problem
+from hpcrl.experiment.resolve import element_problems
 from hpcrl.launcher import preflight, sweeps
 from hpcrl.launcher.manifest import load_manifest
 

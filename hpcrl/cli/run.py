@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 
 from hpcrl.cli.common import add_template_arguments, overrides_from, print_config_if_asked
-from hpcrl.config.resolve import resolve
 from hpcrl.errors import ConfigError, Problem
+from hpcrl.experiment.resolve import resolve
 from hpcrl.launcher import local, sweeps
 from hpcrl.launcher.element import run_element
 from hpcrl.lifecycle import Lifecycle

@@ -19,8 +19,8 @@ import sys
 from pathlib import Path
 
 from hpcrl.cli.common import add_template_arguments, overrides_from, print_config_if_asked
-from hpcrl.config.resolve import resolve
 from hpcrl.errors import ConfigError, Problem
+from hpcrl.experiment.resolve import resolve
 from hpcrl.launcher import preflight, sweeps
 from hpcrl.plan.memory import ModelDimsUnavailable, predict
 from hpcrl.progress import DelayedProgress, Track, untracked

@@ -26,7 +26,7 @@ class ClusterConfig:
     """Nodes per array element."""
     tasks_per_node: int = 1
     """Ranks per node (one per GPU on GPU clusters). With the local executor, when no template, profile,
-    sweep or command line sets it, the layout's rank count / nodes (hpcrl.config.elements)."""
+    sweep or command line sets it, the layout's rank count / nodes (hpcrl.experiment.elements)."""
     gpus_per_node: int = 0
     """GPUs per node (--gpus-per-node)."""
     gres: str | None = None

@@ -1,6 +1,6 @@
 """The rules of a cluster config alone: sbatch directive text, environment names, module names and
 numbers, each as (dotted key, message). They run at expand/submit for every element
-(hpcrl.config.rules) and again on the ranks.
+(hpcrl.experiment.rules) and again on the ranks.
 
 Why these rules: `cluster.*` values become #SBATCH directives, exported environment variables and
 `module load` arguments in the batch script (hpcrl.launcher.sbatch renders it); a value that steers which

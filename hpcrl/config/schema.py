@@ -1,5 +1,5 @@
 """Key-by-key checking of plain YAML data against the experiment dataclasses: THE validation of templates
-and command-line overrides (hpcrl.config.resolve, hpcrl.cli.common), and of benchmark suite templates
+and command-line overrides (hpcrl.experiment.resolve, hpcrl.cli.common), and of benchmark suite templates
 (hpcrl.bench.runner).
 
 jsonargparse (which parses the command line's own options) stops at the first bad key; a template author

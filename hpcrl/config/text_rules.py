@@ -9,7 +9,7 @@ consumer free of its own escaping. "Printable" is Python's `str.isprintable`: no
 format (bidi overrides, zero-width), surrogate or separator characters other than the ASCII space.
 
 Path values are bounded tighter, per path and per component (NAME_MAX), so a path that passes here is
-one the file system can create; `name` has its own rule (a single directory name, hpcrl.config.rules).
+one the file system can create; `name` has its own rule (a single directory name, hpcrl.experiment.rules).
 """
 
 from __future__ import annotations

@@ -174,7 +174,7 @@ def dump_yaml(data: Any) -> str:
 def dump_yaml_item(key: Any, value: Any) -> str:
     """The text one top-level item contributes to `dump_yaml` of its mapping. Separate so a writer of
     many configs that share sections (a sweep) can keep each shared section's text instead of
-    rendering it again (hpcrl.config.elements)."""
+    rendering it again (hpcrl.experiment.elements)."""
     return "".join(_emit({key: value}, ""))
 
 

@@ -47,14 +47,18 @@ from typing import TYPE_CHECKING, Any
 
 import submitit
 
-from hpcrl.config.yaml_io import atomic_write
+from hpcrl.config.schema import build, check_tree
+from hpcrl.config.yaml_io import atomic_write, load_yaml
+from hpcrl.distributed.env import DistEnv, init_process_group
 from hpcrl.errors import ConfigError, Problem
+from hpcrl.experiment.config import ExperimentConfig
+from hpcrl.launcher.ranks import CONFIG_ERROR_EXIT, record_error
 from hpcrl.launcher.runlock import RunLocked, lock_targets, writer_lock
 from hpcrl.lifecycle import REQUEUE_SIGNAL, Lifecycle
 
 if TYPE_CHECKING:
-    from hpcrl.config.experiment import ExperimentConfig
     from hpcrl.distributed.env import DistEnv
+    from hpcrl.experiment.config import ExperimentConfig
 
 LAUNCHER_STATE = "launcher.json"
 
@@ -70,9 +74,6 @@ def load_entrypoint(spec: str) -> Callable[..., Any]:
 
 def load_resolved(config_path: str | Path):
     """The ExperimentConfig of a resolved config.yaml (checked again: the file may have been edited)."""
-    from hpcrl.config.experiment import ExperimentConfig
-    from hpcrl.config.schema import build, check_tree
-    from hpcrl.config.yaml_io import load_yaml
 
     data = load_yaml(config_path)
     checked, problems = check_tree(data, ExperimentConfig, lambda _k: str(config_path))
@@ -91,7 +92,6 @@ def _write_state(run_dir: Path, **fields: Any) -> None:
 def run_element(config_path: str | Path, run_dir: str | Path, lifecycle: Lifecycle | None = None) -> Any:
     """Run this rank of one element; returns the entrypoint's result. `lifecycle`: the caller's, to read
     how the run ended (e.g. `interrupted_by`); by default one for this process."""
-    from hpcrl.distributed.env import DistEnv
 
     run_dir = Path(run_dir)
     cfg = load_resolved(config_path)
@@ -160,8 +160,6 @@ def _run_in_group(
 ) -> Any:
     import torch.distributed as dist
 
-    from hpcrl.distributed.env import init_process_group
-
     init_process_group(env, cfg.parallel.backend, cfg.parallel.timeout_s)
     try:
         _agree_on_lock(refusal, env)  # before anything is written: the run dir may be another's
@@ -227,7 +225,6 @@ class ElementTask(submitit.helpers.Checkpointable):
 def main(argv: list[str] | None = None) -> int:
     """One rank of a local run. Its error's first line goes where the launcher reads it; a config error
     is printed like the CLI does and exits 2 (the job's exit code then says config error too)."""
-    from hpcrl.launcher.ranks import CONFIG_ERROR_EXIT, record_error
 
     config_path, run_dir = argv if argv is not None else sys.argv[1:]
     lifecycle = Lifecycle.for_this_process()

@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import IO
 
 from hpcrl.config.yaml_io import atomic_write
+from hpcrl.launcher.element import load_resolved
+from hpcrl.launcher.manifest import load_manifest
 from hpcrl.launcher.ranks import Ranks, forwarded_stops, start_ranks, supervise
 
 LOCAL_DIR = "local"
@@ -105,9 +107,6 @@ def cancel_local(sweep_dir: Path, index: int) -> None:
 
 
 def _run_sweep(sweep_dir: Path, indices: list[int]) -> None:
-    from hpcrl.launcher.element import load_resolved
-    from hpcrl.launcher.manifest import load_manifest
-
     manifest = load_manifest(sweep_dir)
     entries = [manifest.entry(i) for i in indices]
     cfgs = {e.index: load_resolved(e.config_path) for e in entries}

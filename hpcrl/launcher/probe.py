@@ -18,8 +18,10 @@ import socket
 import time
 from pathlib import Path
 
-from hpcrl.config.experiment import ExperimentConfig
+from hpcrl.config.schema import to_dict
 from hpcrl.config.yaml_io import atomic_write
+from hpcrl.experiment.config import ExperimentConfig
+from hpcrl.experiment.resolve import config_id
 from hpcrl.lifecycle import Lifecycle
 
 RESULT = "probe.json"
@@ -29,9 +31,6 @@ def main(cfg: ExperimentConfig, run_dir: Path, lifecycle: Lifecycle | None = Non
     """The probe saves nothing: it ignores the lifecycle (a stop signal ends it only by force)."""
     import torch
     import torch.distributed as dist
-
-    from hpcrl.config.resolve import config_id
-    from hpcrl.config.schema import to_dict
 
     rank, world = dist.get_rank(), dist.get_world_size()
     total = torch.tensor([float(rank + 1)])

@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from hpcrl.distributed.spawn import free_port
+
 ERROR_FILE_ENV = "HPCRL_ERROR_FILE"
 """Where a rank writes its error as JSON (rank, host, pid, error) before it exits non-zero."""
 CONFIG_ERROR_EXIT = 2
@@ -178,7 +180,6 @@ def start_ranks(
     config_path: str, run_dir: str, world: int, extra_env: dict[str, str], log: IO[bytes] | None
 ) -> Ranks:
     """Start the W ranks of one element (`python -m hpcrl.launcher.element CONFIG RUN_DIR`)."""
-    from hpcrl.distributed.spawn import free_port
 
     port = free_port()
     error_dir = Path(tempfile.mkdtemp(prefix="hpcrl-ranks-"))

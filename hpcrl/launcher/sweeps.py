@@ -23,13 +23,13 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from hpcrl.config.elements import config_id
-from hpcrl.config.experiment import ExperimentConfig
-from hpcrl.config.resolve import ResolvedConfig, Sweep
 from hpcrl.config.schema import build, check_tree, deep_merge, get_dotted, to_dict, with_values
 from hpcrl.config.text_rules import path_problem
 from hpcrl.config.yaml_io import load_yaml
 from hpcrl.errors import ClusterError, ConfigError, Problem, cut
+from hpcrl.experiment.config import ExperimentConfig
+from hpcrl.experiment.elements import config_id
+from hpcrl.experiment.resolve import ResolvedConfig, Sweep
 from hpcrl.launcher import local, preflight, slurm
 from hpcrl.launcher.manifest import FINAL, MANIFEST, RESUBMITTABLE, Entry, Manifest, load_manifest
 from hpcrl.progress import Track, untracked

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from hpcrl.config.rules import gpus_per_node
+from hpcrl.experiment.rules import gpus_per_node
 
 if TYPE_CHECKING:
-    from hpcrl.config.experiment import ExperimentConfig
+    from hpcrl.experiment.config import ExperimentConfig
 
 GIB = 1024**3
 # Nominal memory of one device, GiB (vendor datasheets); read-only, like every module-level table.

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from hpcrl.plan.memory import dims_of
 
 if TYPE_CHECKING:
-    from hpcrl.config.experiment import ExperimentConfig
+    from hpcrl.experiment.config import ExperimentConfig
 
 
 def _rss_bytes(field: str) -> int:

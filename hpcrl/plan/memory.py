@@ -1,6 +1,6 @@
 """Memory preflight: predicted per-rank accelerator memory and host RAM of one resolved experiment.
 
-    plan = predict(cfg)          # cfg: hpcrl.config.experiment.ExperimentConfig
+    plan = predict(cfg)          # cfg: hpcrl.experiment.config.ExperimentConfig
     if not plan.fits: ...        # plan.problems() says what exceeds which capacity
 
 Pure (no torch). Formulas and their sources: hpcrl.plan.formulas. What is resident when:
@@ -24,16 +24,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from hpcrl.config.rules import gpus_per_node
+from hpcrl.algorithm.registry import ALGORITHMS
+from hpcrl.experiment.rules import gpus_per_node
 from hpcrl.plan import formulas as fm
 from hpcrl.plan.capacity import Capacity, device_capacity
-from hpcrl.rl.algorithms import ALGORITHMS
 from hpcrl.rollout.engine_rule import EngineFacts, resolve_engine, sleeps_between_steps
 from hpcrl.train.hf_config import ModelDimsUnavailable as ModelDimsUnavailable  # submit's name
 from hpcrl.train.hf_config import with_hf_architecture
 
 if TYPE_CHECKING:
-    from hpcrl.config.experiment import ExperimentConfig
+    from hpcrl.experiment.config import ExperimentConfig
 
 GIB = 1024**3
 PERSISTENT = "persistent"
@@ -158,7 +158,7 @@ def micro_batch(cfg: ExperimentConfig) -> int:
 
 
 def predict(cfg: ExperimentConfig, *, host_bytes: float | None = None) -> MemoryPlan:
-    """The memory plan of `cfg`'s worst rank. `cfg` is a resolved config (hpcrl.config.resolve checked its
+    """The memory plan of `cfg`'s worst rank. `cfg` is a resolved config (hpcrl.experiment.resolve checked its
     layout against the model); `host_bytes` overrides this machine's RAM (tests)."""
     par, dims = cfg.parallel, dims_of(cfg)
     e = fm.DTYPE_BYTES[cfg.model.dtype]

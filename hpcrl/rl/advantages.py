@@ -225,7 +225,7 @@ ESTIMATORS: dict[str, Callable[[AdvantageInputs], AdvantageOutput]] = {
     "reinforce_pp": _reinforce_pp,
     "reinforce_pp_baseline": _reinforce_pp_baseline,
 }
-"""The online algorithms of hpcrl.rl.algorithms.ALGORITHMS by name. `dpo` is offline and has no
+"""The online algorithms of hpcrl.algorithm.registry.ALGORITHMS by name. `dpo` is offline and has no
 estimator (see losses.dpo_loss)."""
 
 

@@ -19,19 +19,26 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from hpcrl.config.experiment import ExperimentConfig
+from hpcrl.algorithm.registry import ALGORITHMS
 from hpcrl.data.cursor import DataCursor, PromptSampler
 from hpcrl.data.sources import load_splits
-from hpcrl.data.tokenizer import encode_prompts
+from hpcrl.data.tasks import ALPHABET
+from hpcrl.data.tokenizer import build_char_tokenizer, encode_prompts
+from hpcrl.distributed.layout import ParallelLayout
 from hpcrl.errors import ConfigError, Problem
+from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.metrics.logger import MetricsLogger
+from hpcrl.reshard.build import ENGINE_FAMILIES, build_reshard_engine
+from hpcrl.reshard.transport import make_groups
 from hpcrl.rewards.scoring import build_scorer
-from hpcrl.rl.algorithms import ALGORITHMS
 from hpcrl.rl.async_placement import async_placement_problems, build_async_driver
 from hpcrl.rl.driver import PromptCodec, RLDriver, Workers
+from hpcrl.rl.handoff import build_rollout_side
 from hpcrl.rl.workers import ActorWorker, Pool, RolloutWorker, Shards, TrainerWorker
 from hpcrl.rollout.base import SamplingParams
 from hpcrl.rollout.engine_rule import EngineFacts, resolve_engine
+from hpcrl.train.model import build_generation_groups, build_train_groups, named_global_params
+from hpcrl.train.trainer import build_policy_trainer, build_value_trainer
 
 
 def build_tokenizer(cfg: ExperimentConfig):
@@ -43,8 +50,6 @@ def build_tokenizer(cfg: ExperimentConfig):
         if tokenizer.pad_token is None:  # e.g. Llama-2: padding is masked out, any id will do
             tokenizer.pad_token = tokenizer.eos_token
         return tokenizer
-    from hpcrl.data.tasks import ALPHABET
-    from hpcrl.data.tokenizer import build_char_tokenizer
 
     return build_char_tokenizer(ALPHABET, vocab_size=cfg.model.vocab_size)
 
@@ -125,7 +130,6 @@ class Pools:
 def _pool_groups(cfg: ExperimentConfig, pools: Pools):
     """(actor-pool groups, model-pool groups) of this rank, None where it is outside a pool. Collective:
     every rank creates every group (torch's new_group rule)."""
-    from hpcrl.train.model import build_train_groups
 
     p = cfg.parallel
     kwargs = {
@@ -200,12 +204,6 @@ def _temperature(cfg: ExperimentConfig) -> float:
 
 def _build_actor_and_rollout(cfg: ExperimentConfig, tokenizer, pool: Pool, groups, rank: int, world: int):
     """Actor trainer + reshard engine + rollout engine on the actor pool; stand-ins elsewhere."""
-    from hpcrl.distributed.layout import ParallelLayout
-    from hpcrl.reshard.build import ENGINE_FAMILIES, build_reshard_engine
-    from hpcrl.reshard.transport import make_groups
-    from hpcrl.rl.handoff import build_rollout_side
-    from hpcrl.train.model import build_generation_groups, named_global_params
-    from hpcrl.train.trainer import build_policy_trainer
 
     p = cfg.parallel
     layout = ParallelLayout.from_config(p)  # the actor pool's ranks are [0, layout.world_size)
@@ -247,7 +245,6 @@ def _build_actor_and_rollout(cfg: ExperimentConfig, tokenizer, pool: Pool, group
 
 def _build_model_pool(cfg: ExperimentConfig, pool: Pool, groups):
     """(reference, critic) worker groups, each None when the algorithm has no such role."""
-    from hpcrl.train.trainer import build_policy_trainer, build_value_trainer
 
     mbs = cfg.optim.micro_batch_size
     member = groups is not None

@@ -21,14 +21,14 @@ from dataclasses import dataclass
 
 import torch
 
-from hpcrl.config.experiment import ExperimentConfig
+from hpcrl.algorithm.registry import ALGORITHMS
 from hpcrl.distributed.groups import new_group
 from hpcrl.distributed.layout import ParallelLayout
 from hpcrl.errors import Problem
+from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.reshard.cross_pool import plan_cross_pool
 from hpcrl.reshard.cross_pool_transfer import CrossPoolTransfer
 from hpcrl.reshard.params import gpt_param_metas
-from hpcrl.rl.algorithms import ALGORITHMS
 from hpcrl.rl.async_channel import BatchChannel
 from hpcrl.rl.async_driver import AsyncRolloutDriver, AsyncTrainDriver
 from hpcrl.rl.async_weights import DoubleBufferedWeights, WeightSender
@@ -77,7 +77,7 @@ class AsyncPools:
 
 def async_placement_problems(cfg: ExperimentConfig, world: int) -> list[Problem]:
     """Rules of the async placement that need the world size or the model (each names its key); the
-    rules of its own keys are hpcrl.rl.algorithms' (they run at expand/submit too)."""
+    rules of its own keys are hpcrl.algorithm.registry' (they run at expand/submit too)."""
     p, a = cfg.parallel, cfg.algorithm
     rollout = p.rollout_tensor * p.rollout_pipeline * max(a.rollout_pool_data, 1)
     problems = []

@@ -45,9 +45,9 @@ from hpcrl.ckpt.megatron import load_into_trainer, model_extra, trainer_shards, 
 from hpcrl.ckpt.shards import ShardedTensor, ShardSpec
 from hpcrl.ckpt.state import RunState, restore_rng
 from hpcrl.ckpt.trigger import SaveTrigger, restart_count
-from hpcrl.config.experiment import ExperimentConfig
 from hpcrl.data.cursor import DataCursor, PromptSampler
 from hpcrl.errors import ConfigError, Problem
+from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.lifecycle import Lifecycle
 from hpcrl.metrics.sinks import METRICS_FILE
 from hpcrl.rl.run_identity import RunIdentity, fingerprint_of, load_or_create

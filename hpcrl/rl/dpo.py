@@ -26,16 +26,24 @@ from pathlib import Path
 
 import torch
 
+from hpcrl.algorithm.registry import algorithm_problems
 from hpcrl.ckpt.state import seed_rngs
-from hpcrl.config.experiment import ExperimentConfig
-from hpcrl.data.cursor import PromptSampler
-from hpcrl.data.preference import PreferencePair
+from hpcrl.data.cursor import DataCursor, PromptSampler
+from hpcrl.data.preference import PreferencePair, load_preference_splits
+from hpcrl.data.tokenizer import encode_prompts
+from hpcrl.distributed.layout import ParallelLayout
 from hpcrl.errors import ConfigError, Problem
+from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.lifecycle import Lifecycle
-from hpcrl.rl.algorithms import algorithm_problems
+from hpcrl.metrics.logger import MetricsLogger
+from hpcrl.rl.assemble import build_tokenizer
+from hpcrl.rl.checkpointing import run_steps
+from hpcrl.rl.job import enter_rank, step_sleep_s
 from hpcrl.rl.losses import dpo_loss
 from hpcrl.rl.workers import TrainerWorker
 from hpcrl.train.batch import TrainBatch
+from hpcrl.train.model import build_train_groups
+from hpcrl.train.trainer import build_policy_trainer
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +51,6 @@ log = logging.getLogger(__name__)
 def pair_batch(pairs: list[PreferencePair], tokenizer, max_prompt_length: int, context: int) -> TrainBatch:
     """The [2N, S] batch of `pairs` (chosen then rejected per pair), right padded; a pair longer than the
     model's context is a ConfigError naming it."""
-    from hpcrl.data.tokenizer import encode_prompts
 
     prompts = encode_prompts(tokenizer, [p.prompt for p in pairs], max_prompt_length)
     texts = [r for p in pairs for r in (p.chosen, p.rejected)]
@@ -154,7 +161,6 @@ class DPODriver:
 
 def dpo_problems(cfg: ExperimentConfig, world_size: int) -> list[Problem]:
     """Everything wrong with a DPO config, before any rank builds a model."""
-    from hpcrl.distributed.layout import ParallelLayout
 
     algo = cfg.algorithm
     problems = []
@@ -190,12 +196,6 @@ def dpo_problems(cfg: ExperimentConfig, world_size: int) -> list[Problem]:
 
 
 def build_dpo_driver(cfg: ExperimentConfig) -> DPODriver:
-    from hpcrl.data.cursor import DataCursor
-    from hpcrl.data.preference import load_preference_splits
-    from hpcrl.rl.assemble import build_tokenizer
-    from hpcrl.train.model import build_train_groups
-    from hpcrl.train.trainer import build_policy_trainer
-
     tokenizer = build_tokenizer(cfg)
     train, heldout = load_preference_splits(cfg.data)
     p = cfg.parallel
@@ -225,9 +225,6 @@ def main(cfg: ExperimentConfig, run_dir: Path, lifecycle: Lifecycle | None = Non
 
     Checkpoints like the RL job (hpcrl.rl.checkpointing): the policy ("actor." shards, AdamW state), the
     pair cursor and RNG states; resume=auto continues from `latest` with every step logged once."""
-    from hpcrl.metrics.logger import MetricsLogger
-    from hpcrl.rl.checkpointing import run_steps
-    from hpcrl.rl.job import enter_rank, step_sleep_s
 
     rank, _ = enter_rank(cfg, run_dir, dpo_problems)
     run_dir = Path(run_dir)

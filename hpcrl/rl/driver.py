@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hpcrl.algorithm.config import AlgorithmConfig
+from hpcrl.algorithm.registry import ALGORITHMS
 from hpcrl.data.cursor import PromptSampler
 from hpcrl.data.tasks import Example
 from hpcrl.rewards.scoring import BatchScorer, score_batch
@@ -37,8 +39,6 @@ from hpcrl.rl.advantages import (
     kl_shaped_rewards,
     outcome_to_token_rewards,
 )
-from hpcrl.rl.algorithms import ALGORITHMS
-from hpcrl.rl.config import AlgorithmConfig
 from hpcrl.rl.experience import Experience
 from hpcrl.rl.losses import kl_penalty, masked_mean, truncated_is_weights
 from hpcrl.rl.objectives import policy_loss_fn, value_loss_fn

@@ -16,11 +16,14 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from hpcrl.algorithm.registry import ALGORITHMS, algorithm_problems
 from hpcrl.ckpt.state import seed_rngs
-from hpcrl.config.experiment import ExperimentConfig
+from hpcrl.distributed.layout import ParallelLayout
 from hpcrl.errors import ConfigError, Problem
+from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.lifecycle import Lifecycle
-from hpcrl.rl.algorithms import ALGORITHMS, algorithm_problems
+from hpcrl.rl.assemble import build_job, placement_problems, rollout_engine_problems, training_world
+from hpcrl.rl.checkpointing import rl_trainers, run_steps
 from hpcrl.rollout.engine_rule import EngineFacts
 
 log = logging.getLogger(__name__)
@@ -32,8 +35,6 @@ get minutes of wall-clock work from the real job at almost no CPU cost. Changes 
 
 def config_problems(cfg: ExperimentConfig, world_size: int) -> list[Problem]:
     """Rules across components that only the RL job knows (each Problem names its key)."""
-    from hpcrl.distributed.layout import ParallelLayout
-    from hpcrl.rl.assemble import placement_problems, rollout_engine_problems, training_world
 
     algo, rollout = cfg.algorithm, cfg.rollout
     problems: list[Problem] = []
@@ -94,8 +95,6 @@ def main(cfg: ExperimentConfig, run_dir: Path, lifecycle: Lifecycle | None = Non
     """Run the configured RL job on this rank; returns the last step's metrics (every rank).
     `lifecycle`: the wrapper's (hpcrl.launcher.element), whose signals the save trigger reads; a direct
     call (tests) gets an inert one."""
-    from hpcrl.rl.assemble import build_job
-    from hpcrl.rl.checkpointing import rl_trainers, run_steps
 
     rank, world = enter_rank(cfg, run_dir, config_problems)
     run_dir = Path(run_dir)

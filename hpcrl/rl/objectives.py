@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from hpcrl.rl.config import AlgorithmConfig
+from hpcrl.algorithm.config import AlgorithmConfig
 from hpcrl.rl.losses import (
     ClipRange,
     agg_loss,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hpcrl.cli import main as cli_main
-from hpcrl.config.resolve import resolve
+from hpcrl.experiment.resolve import resolve
 from hpcrl.launcher.sbatch import render_sbatch, sbatch_parameters
 from hpcrl.plan.memory import predict
 

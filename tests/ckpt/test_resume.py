@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from hpcrl.ckpt.commit import REJECTED, committed
-from hpcrl.config.experiment import ExperimentConfig
 from hpcrl.data.cursor import DataCursor, PromptSampler
+from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.rl.checkpointing import RLCheckpointing
 
 

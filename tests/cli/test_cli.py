@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from hpcrl.cli import app as cli
-from hpcrl.config.experiment import ExperimentConfig
 from hpcrl.config.schema import leaf_types
+from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.progress import DelayedProgress
 
 REPO = Path(__file__).resolve().parents[2]
@@ -117,7 +117,7 @@ def test_the_progress_bar_appears_after_its_delay_on_a_terminal_only(delay_s, te
 
 def test_local_ranks_follow_the_layout_unless_set(capsys, tmp_path):
     """`hpcrl run T --parallel.tensor 2` needs no --cluster.tasks_per_node: locally the layout says it."""
-    from hpcrl.config.resolve import resolve
+    from hpcrl.experiment.resolve import resolve
 
     assert resolve(TINY, {"parallel.tensor": 2}).elements[0].config.cluster.tasks_per_node == 2
     assert (

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from hpcrl import cli
-from hpcrl.config.elements import config_id
 from hpcrl.config.yaml_io import load_yaml
+from hpcrl.experiment.elements import config_id
 from hpcrl.launcher.manifest import load_manifest
 
 pytestmark = pytest.mark.slurm

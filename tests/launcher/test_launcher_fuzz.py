@@ -6,7 +6,7 @@ template, the same field on the command line, a raw YAML value, a `cluster.env` 
 module name, a `setup` line, a field or the file name of a command-line profile, the --sweep_dir, the
 template's file name, or run_root (then the default sweep dir is made from it). It then runs the real
 `hpcrl expand` and `hpcrl submit --dry-run` code in this process (parsers built once, as in
-tests/config/test_validation_property.py), inside a fresh directory that is the case's cwd, HOME and
+tests/experiment/test_validation_property.py), inside a fresh directory that is the case's cwd, HOME and
 XDG_CONFIG_HOME. Every case ends in one of two ways:
 
 - ConfigError, exit 2: every line of its text is printable and at most a few hundred characters long,
@@ -36,10 +36,10 @@ from hypothesis import strategies as st
 from jsonargparse import ArgumentParser
 
 from hpcrl.cli import expand, submit
-from hpcrl.config.experiment import ExperimentConfig
 from hpcrl.config.schema import leaf_types, set_dotted
 from hpcrl.config.yaml_io import dump_yaml, loads_yaml
 from hpcrl.errors import ConfigError
+from hpcrl.experiment.config import ExperimentConfig
 
 MARK = "xQ9Zx"
 """Appended to hostile texts: a value holding it can be found in a script whatever else it holds."""

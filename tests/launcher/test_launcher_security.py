@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from hpcrl import cli
-from hpcrl.config.resolve import resolve
+from hpcrl.experiment.resolve import resolve
 from hpcrl.launcher.sbatch import sbatch_parameters
 
 REPO = Path(__file__).resolve().parents[2]

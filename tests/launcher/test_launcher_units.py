@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hpcrl import cli
-from hpcrl.config.resolve import resolve
+from hpcrl.experiment.resolve import resolve
 from hpcrl.launcher import slurm
 from hpcrl.launcher.manifest import Entry, Manifest, load_manifest
 

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from hpcrl import cli
 from hpcrl.cluster.config import ClusterConfig
-from hpcrl.config.resolve import resolve
 from hpcrl.errors import ClusterError, ConfigError
+from hpcrl.experiment.resolve import resolve
 from hpcrl.launcher import preflight, slurm, sweeps
 from hpcrl.launcher.manifest import load_manifest
 

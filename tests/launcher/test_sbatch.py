@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcrl.config.resolve import resolve
 from hpcrl.errors import ConfigError
+from hpcrl.experiment.resolve import resolve
 from hpcrl.launcher import preflight
 from hpcrl.launcher.sbatch import render_sbatch, sbatch_parameters
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcrl.config.resolve import resolve
+from hpcrl.experiment.resolve import resolve
 from hpcrl.plan.capacity import GIB
 from hpcrl.plan.measure import measure_update_peak
 from hpcrl.plan.memory import predict

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpcrl.cli import main as cli_main
-from hpcrl.config.resolve import resolve
+from hpcrl.experiment.resolve import resolve
 from hpcrl.plan.capacity import GIB
 from hpcrl.plan.memory import PERSISTENT, predict
 
@@ -215,7 +215,7 @@ def test_split_placement_takes_the_worst_pool():
 def test_plan_invariants(tensor, pipeline, data, micro, algorithm, kl, split):
     from dataclasses import replace
 
-    from hpcrl.config.experiment import ExperimentConfig
+    from hpcrl.experiment.config import ExperimentConfig
 
     base = ExperimentConfig()
     cfg = replace(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hpcrl.config.resolve import resolve
+from hpcrl.experiment.resolve import resolve
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "grpo_tiny.yaml"
 

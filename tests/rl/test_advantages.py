@@ -117,7 +117,7 @@ def test_masked_whiten_ignores_padding_values():
 
 
 def test_registry_covers_every_online_algorithm_and_checks_inputs():
-    from hpcrl.rl.algorithms import ALGORITHMS
+    from hpcrl.algorithm.registry import ALGORITHMS
 
     assert set(ESTIMATORS) == {name for name, spec in ALGORITHMS.items() if spec.online}
     inp = AdvantageInputs(

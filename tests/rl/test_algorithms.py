@@ -7,8 +7,8 @@ from dataclasses import fields
 
 import pytest
 
-from hpcrl.rl.algorithms import ALGORITHMS, algorithm_problems
-from hpcrl.rl.config import AlgorithmConfig
+from hpcrl.algorithm.config import AlgorithmConfig
+from hpcrl.algorithm.registry import ALGORITHMS, algorithm_problems
 
 
 def test_the_config_names_exactly_the_registered_algorithms():

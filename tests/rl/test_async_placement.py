@@ -19,10 +19,10 @@ import pytest
 import torch
 
 from hpcrl.ckpt.manifest import read_manifest
-from hpcrl.config.rules import check_rules
 from hpcrl.data.tasks import Example
 from hpcrl.distributed.spawn import run_ranks
 from hpcrl.errors import ConfigError
+from hpcrl.experiment.rules import check_rules
 from hpcrl.rl.assemble import placement_problems
 from hpcrl.rl.async_channel import (
     RolloutBatch,

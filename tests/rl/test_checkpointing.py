@@ -12,10 +12,10 @@ import pytest
 
 from hpcrl.ckpt.commit import read_latest
 from hpcrl.ckpt.manifest import read_manifest
-from hpcrl.config.experiment import ExperimentConfig
 from hpcrl.data.cursor import DataCursor, PromptSampler
 from hpcrl.distributed.spawn import run_ranks
 from hpcrl.errors import ConfigError
+from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.rl.checkpointing import RLCheckpointing
 from hpcrl.rl.run_identity import load_or_create
 from tests.rl._identity_ranks import run_another_config_then_fine_tune

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from hpcrl.config.experiment import ExperimentConfig
 from hpcrl.distributed.spawn import RankFailed, run_ranks
 from hpcrl.errors import ConfigError
+from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.metrics.sinks import read_jsonl
 from hpcrl.rl.job import config_problems
 from tests.rl._job_ranks import (

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from hpcrl.config.experiment import ExperimentConfig
 from hpcrl.errors import ConfigError
+from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.rl.run_identity import (
     RUN_FILE,
     fingerprint,

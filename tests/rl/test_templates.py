@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcrl.config.resolve import resolve
+from hpcrl.experiment.resolve import resolve
 from hpcrl.rl.job import config_problems
 from hpcrl.rollout.engine_rule import EngineFacts, resolve_engine
 

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from hpcrl import cli
-from hpcrl.config.resolve import resolve
+from hpcrl.experiment.resolve import resolve
 from hpcrl.rollout.config import RolloutConfig
 from hpcrl.rollout.engine_rule import EngineFacts, resolve_engine
 from hpcrl.train.config import ModelConfig

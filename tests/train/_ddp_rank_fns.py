@@ -252,8 +252,8 @@ def fp16_loss_scale_survives_a_checkpoint(rank: int, world_size: int, run_dir: s
     in the run state and a fresh trainer resumed through it continues at the halved scale."""
     from types import SimpleNamespace
 
-    from hpcrl.config.experiment import ExperimentConfig
     from hpcrl.data.cursor import DataCursor, PromptSampler
+    from hpcrl.experiment.config import ExperimentConfig
     from hpcrl.rl.checkpointing import RLCheckpointing
 
     groups = build_train_groups(1, 1, 1)

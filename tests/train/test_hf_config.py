@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hpcrl.config.resolve import resolve
 from hpcrl.errors import ConfigError
+from hpcrl.experiment.resolve import resolve
 from hpcrl.train.config import ARCHITECTURE_FIELDS, TINY_MODEL, ModelConfig
 from hpcrl.train.hf_config import (
     MAX_CONFIG_BYTES,

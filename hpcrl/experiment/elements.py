@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, overload
 
-from hpcrl.config.experiment import ExperimentConfig
 from hpcrl.config.schema import build, deep_merge, to_dict, with_values
 from hpcrl.config.sweep import SweepPlan
 from hpcrl.config.yaml_io import canonical_json, canonical_json_joined, dump_yaml, dump_yaml_item
+from hpcrl.experiment.config import ExperimentConfig
 
 ID_LENGTH = 10
 TASKS_PER_NODE = "cluster.tasks_per_node"

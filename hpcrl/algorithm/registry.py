@@ -1,6 +1,6 @@
 """What each RL algorithm needs from the rest of the job, and the rules about `AlgorithmConfig`.
 
-Torch-free, so the config rules that run at `expand`/`submit` (hpcrl.config.rules) and the job's own
+Torch-free, so the config rules that run at `expand`/`submit` (hpcrl.experiment.rules) and the job's own
 check on the ranks (hpcrl.rl.job) read the same registry and the same rule function. The advantage
 math itself lives in hpcrl.rl.advantages, keyed by the same names.
 """
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hpcrl.algorithm.config import AlgorithmConfig
 from hpcrl.errors import Problem
-from hpcrl.rl.config import AlgorithmConfig
 
 
 @dataclass(frozen=True)

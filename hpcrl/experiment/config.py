@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hpcrl.algorithm.config import AlgorithmConfig
 from hpcrl.ckpt.config import CheckpointConfig
 from hpcrl.cluster.config import ClusterConfig
 from hpcrl.data.config import DataConfig
 from hpcrl.distributed.config import ParallelConfig
 from hpcrl.metrics.config import LoggingConfig
 from hpcrl.rewards.config import RewardConfig
-from hpcrl.rl.config import AlgorithmConfig
 from hpcrl.rollout.config import RolloutConfig
 from hpcrl.train.config import ModelConfig, OptimizerConfig
 

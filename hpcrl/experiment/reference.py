@@ -13,10 +13,10 @@ import functools
 import textwrap
 from typing import Any
 
-from hpcrl.config.experiment import ExperimentConfig
 from hpcrl.config.schema import describe, field_types, is_config_class, suggest, to_dict
 from hpcrl.config.yaml_io import dump_yaml
 from hpcrl.errors import ConfigError, Problem
+from hpcrl.experiment.config import ExperimentConfig
 
 WIDTH = 100
 """Text width of the reference (a wide terminal; the docs are wrapped to it)."""

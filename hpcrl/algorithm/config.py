@@ -11,7 +11,7 @@ class AlgorithmConfig:
     """The RL (or offline DPO) algorithm the driver runs."""
 
     name: Literal["grpo", "ppo", "remax", "rloo", "reinforce_pp", "reinforce_pp_baseline", "dpo"] = "grpo"
-    """Advantage estimator / algorithm (hpcrl.rl.algorithms.ALGORITHMS says what each needs). ppo uses a
+    """Advantage estimator / algorithm (hpcrl.algorithm.registry.ALGORITHMS says what each needs). ppo uses a
     critic with GAE."""
     steps: int = 40
     """Training iterations (one rollout batch + its updates each)."""

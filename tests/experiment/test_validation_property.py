@@ -19,10 +19,10 @@ from jsonargparse import ArgumentParser
 
 from hpcrl import cli
 from hpcrl.cli import submit
-from hpcrl.config.experiment import ExperimentConfig
 from hpcrl.config.schema import leaf_types
 from hpcrl.config.yaml_io import dump_yaml
 from hpcrl.errors import ConfigError
+from hpcrl.experiment.config import ExperimentConfig
 
 LEAVES = leaf_types(ExperimentConfig)
 INT_KEYS = sorted(k for k, t in LEAVES.items() if t is int)

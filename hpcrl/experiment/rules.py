@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import re
 
+from hpcrl.algorithm.registry import algorithm_problems
 from hpcrl.cluster.rules import check_cluster
-from hpcrl.config.experiment import ExperimentConfig
-from hpcrl.errors import short
-from hpcrl.rl.algorithms import algorithm_problems
+from hpcrl.distributed.layout import ParallelLayout, model_problems
+from hpcrl.errors import ConfigError, short
+from hpcrl.experiment.config import ExperimentConfig
+from hpcrl.rollout.engine_rule import EngineFacts, resolve_engine
 
 _ENTRYPOINT = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_]\w*")
 _PATH_PART = re.compile(r"[\w.+-]+")
@@ -110,9 +112,6 @@ def check_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
 def _model_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
     """The layout's divisibility rules for the model (ParallelLayout owns them: heads, kv heads vs t and
     t_g, vocab, ffn, layers) and whether the rollout engine can run the generation layout."""
-    from hpcrl.distributed.layout import ParallelLayout, model_problems
-    from hpcrl.errors import ConfigError
-    from hpcrl.rollout.engine_rule import EngineFacts, resolve_engine
 
     par = cfg.parallel
     problems = []
@@ -147,7 +146,7 @@ def _sampling_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
 
 
 def _algorithm_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
-    """The algorithm's own rules (hpcrl.rl.algorithms owns them; the RL job checks them again)."""
+    """The algorithm's own rules (hpcrl.algorithm.registry owns them; the RL job checks them again)."""
     r = cfg.rollout
     return [
         (p.key or "algorithm", p.message)

@@ -20,9 +20,6 @@ from typing import Any
 
 from hpcrl.cluster.config import ClusterConfig
 from hpcrl.cluster.profiles import find_profile, is_path, load_profile, reference_problem, setup_problems
-from hpcrl.config.elements import ElementMaker, Elements, ResolvedConfig, config_id
-from hpcrl.config.experiment import ExperimentConfig
-from hpcrl.config.rules import check_rules
 from hpcrl.config.schema import (
     check_tree,
     deep_merge,
@@ -36,6 +33,9 @@ from hpcrl.config.sweep import SweepPlan, check_sweep
 from hpcrl.config.template import Template, load_template
 from hpcrl.config.text_rules import string_problems
 from hpcrl.errors import ConfigError, Problem
+from hpcrl.experiment.config import ExperimentConfig
+from hpcrl.experiment.elements import ElementMaker, Elements, ResolvedConfig, config_id
+from hpcrl.experiment.rules import check_rules
 from hpcrl.progress import Track, untracked
 
 __all__ = ["ResolvedConfig", "Sweep", "config_id", "element_problems", "resolve"]
@@ -55,7 +55,7 @@ class Sweep:
     keys: list[str]
     """Swept dotted keys, in order."""
     elements: Elements
-    """Made one at a time when read (hpcrl.config.elements); each was checked by `resolve`."""
+    """Made one at a time when read (hpcrl.experiment.elements); each was checked by `resolve`."""
     plan: SweepPlan = field(repr=False)
 
 

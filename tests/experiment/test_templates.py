@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from hpcrl import cli
-from hpcrl.config.resolve import resolve
 from hpcrl.config.yaml_io import loads_yaml
 from hpcrl.errors import ConfigError
+from hpcrl.experiment.resolve import resolve
 
 REPO = Path(__file__).resolve().parents[2]
 

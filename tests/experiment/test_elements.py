@@ -1,4 +1,4 @@
-"""Sweep elements made from the base config (hpcrl.config.elements): the same configs, ids and files as
+"""Sweep elements made from the base config (hpcrl.experiment.elements): the same configs, ids and files as
 building each from scratch, random access into the sweep, bounded memory, the 100,000-element cap."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hpcrl.config.experiment import ExperimentConfig
-from hpcrl.config.resolve import resolve
 from hpcrl.config.schema import leaf_types
 from hpcrl.config.sweep import MAX_ELEMENTS, SweepPlan, check_sweep
 from hpcrl.config.yaml_io import canonical_json, canonical_json_joined, dump_yaml
+from hpcrl.experiment.config import ExperimentConfig
+from hpcrl.experiment.resolve import resolve
 from hpcrl.launcher import sweeps
 
 REPO = Path(__file__).resolve().parents[2]
