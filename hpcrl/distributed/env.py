@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Literal
 
+from hpcrl.distributed.config import ParallelConfig
 from hpcrl.errors import ClusterError, ConfigError, Problem
 
 if TYPE_CHECKING:
@@ -342,7 +343,7 @@ def check_backend_here(backend: str) -> None:
 
 
 def init_process_group(
-    env: DistEnv, backend: str = "auto", timeout_s: float = 300.0
+    env: DistEnv, backend: str = ParallelConfig.backend, timeout_s: float = ParallelConfig.timeout_s
 ) -> torch.distributed.ProcessGroup:
     """Form the default process group of `env` and return it (pass it on explicitly).
 

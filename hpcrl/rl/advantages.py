@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hpcrl.algorithm.config import AlgorithmConfig
 from hpcrl.rl.losses import masked_mean
 
 
@@ -31,9 +32,9 @@ class AdvantageInputs:
     """Critic values V(s_t) (PPO / GAE)."""
     baseline_scores_B: torch.Tensor | None = None
     """Reward of the greedy response of the same prompt (ReMax)."""
-    gamma: float = 1.0
-    lam: float = 0.95
-    norm_adv_by_std: bool = True
+    gamma: float = AlgorithmConfig.gamma
+    lam: float = AlgorithmConfig.lam
+    norm_adv_by_std: bool = AlgorithmConfig.norm_adv_by_std
 
 
 @dataclass(kw_only=True)

@@ -71,8 +71,8 @@ class VLLMRolloutEngine:
         cfg: RolloutConfig,
         eos_id: int | None,
         *,
+        dtype: str,  # the model's (ModelConfig.dtype): no default of its own
         pad_id: int = 0,
-        dtype: str = "bfloat16",
         seed: int = 0,
         max_model_len: int | None = None,
         cpu_kv_cache_bytes: int = 1 << 30,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import pytest
 from hpcrl import cli
 from hpcrl.launcher.manifest import load_manifest
 from hpcrl.metrics.sinks import read_jsonl
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
@@ -35,11 +35,12 @@ def test_grpo_tiny_d2_and_t2_elements_run_as_one_array(slurm_cluster, tmp_path, 
     assert cli.main(["submit", str(template), *args]) == 0
     manifest = load_manifest(sweep_dir)
     assert len(manifest.arrays) == 1 and len(manifest.entries) == 2  # one sbatch, two elements
-    deadline = time.monotonic() + 240
-    state = _status(sweep_dir, capsys)
-    while any(e["state"] not in FINAL for e in state["elements"]) and time.monotonic() < deadline:
-        time.sleep(3)
+
+    def finished() -> dict | None:
         state = _status(sweep_dir, capsys)
+        return state if all(e["state"] in FINAL for e in state["elements"]) else None
+
+    state = wait_until(finished, 240, "both elements in a final state", poll_s=3)
     assert state["counts"] == {"COMPLETED": 2}, state
     runs = []
     for entry in manifest.entries:
