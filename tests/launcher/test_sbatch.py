@@ -11,11 +11,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from hpcrl.errors import ConfigError
 from hpcrl.experiment.resolve import resolve
 from hpcrl.launcher import preflight
-from hpcrl.launcher.sbatch import render_sbatch, sbatch_parameters
+from hpcrl.launcher.sbatch import mem_text, render_sbatch, sbatch_parameters
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden" / "a100-ib.sbatch"
@@ -102,3 +104,11 @@ def test_hostile_env_values_stay_inert_in_bash(tmp_path):
     template.write_text("cluster:\n  env: " + json.dumps({"D": f"line1\ntouch {marker}\n"}) + "\n")
     with pytest.raises(ConfigError, match=r"cluster\.env\.D: .* non-printable character '\\n'"):
         resolve(template)
+
+
+@given(st.floats(min_value=0.001, max_value=1e6, allow_nan=False))
+def test_mem_text_writes_mem_as_submitit_does(mem_gb):
+    """hpcrl renders --mem itself (submitit's converter is private); the text must stay submitit's."""
+    from submitit.slurm.slurm import _convert_mem
+
+    assert mem_text(mem_gb) == _convert_mem(mem_gb)
