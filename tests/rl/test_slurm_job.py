@@ -34,25 +34,27 @@ def test_grpo_tiny_d2_and_t2_elements_run_as_one_array(slurm_cluster, tmp_path, 
     args = ["--sweep_dir", str(sweep_dir), "--run_root", str(tmp_path / "runs"), "--name", name]
     assert cli.main(["submit", str(template), *args]) == 0
     manifest = load_manifest(sweep_dir)
-    assert len(manifest.arrays) == 1 and len(manifest.entries) == 2  # one sbatch, two elements
+    assert len(manifest.arrays) == 1 and len(manifest.entries) == 3  # one sbatch, three elements
 
     def finished() -> dict | None:
         state = _status(sweep_dir, capsys)
         return state if all(e["state"] in FINAL for e in state["elements"]) else None
 
-    state = wait_until(finished, 240, "both elements in a final state", poll_s=3)
-    assert state["counts"] == {"COMPLETED": 2}, state
+    state = wait_until(finished, 240, "every element in a final state", poll_s=3)
+    assert state["counts"] == {"COMPLETED": 3}, state
     runs = []
     for entry in manifest.entries:
         rows = read_jsonl(Path(entry.run_dir) / "metrics.jsonl")
         assert [r["step"] for r in rows] == [0, 1, 2, 3, 4], entry.run_dir  # 4 steps + final evaluation
-        assert all(
-            r["mismatch/logprob_max"] < 1e-5 for r in rows[:4]
-        )  # reshard inside the loop (t=2 -> t_g=1)
         assert (Path(entry.run_dir) / "checkpoints" / "latest").exists()
         runs.append(rows)
+    for rows in runs[:2]:  # colocated: reshard inside the loop (t=2 -> t_g=1), no staleness
+        assert all(r["mismatch/logprob_max"] < 1e-5 for r in rows[:4])
+    # async: the two pools are the element's two Slurm tasks; every batch at most one update old
+    assert [r["async/version_lag_max"] for r in runs[2][:4]] == [0.0, 1.0, 1.0, 1.0], runs[2]
+    assert runs[2][0]["mismatch/logprob_max"] < 1e-5  # step 0: both pools hold the initial weights
     # d=2 and t=2 draw the same samples: the same rewards on both layouts (2 ranks each, checked by the job)
     assert [r.get("reward/mean") for r in runs[0]] == [r.get("reward/mean") for r in runs[1]]
     capsys.readouterr()
     assert cli.main(["status", str(sweep_dir)]) == 0
-    assert "2 COMPLETED" in capsys.readouterr().out
+    assert "3 COMPLETED" in capsys.readouterr().out
