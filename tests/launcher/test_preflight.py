@@ -19,7 +19,7 @@ from hpcrl import cli
 from hpcrl.cluster.config import ClusterConfig
 from hpcrl.errors import ClusterError, ConfigError
 from hpcrl.experiment.resolve import resolve
-from hpcrl.launcher import preflight, slurm, sweeps
+from hpcrl.launcher import cluster_view, preflight, slurm, sweeps
 from hpcrl.launcher.manifest import load_manifest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,8 +27,8 @@ GOLDEN = Path(__file__).parent / "golden"
 GPU_TEMPLATES = sorted((REPO / "templates" / "gpu").glob("*.yaml"))
 
 
-def a100_view(**changes) -> preflight.ClusterView:
-    view = preflight.view_from_text(
+def a100_view(**changes) -> cluster_view.ClusterView:
+    view = cluster_view.view_from_text(
         "MaxArraySize            = 1001\n",
         (GOLDEN / "a100-partitions.txt").read_text(),
         (GOLDEN / "a100-nodes.txt").read_text(),
@@ -81,18 +81,18 @@ def test_every_slurm_duration_form_reads_back(seconds):
     days, rest = divmod(seconds, 86400)
     hours, rest = divmod(rest, 3600)
     minutes, secs = divmod(rest, 60)
-    assert preflight.parse_time_s(f"{days}-{hours:02d}:{minutes:02d}:{secs:02d}") == seconds
-    assert preflight.parse_time_s(f"{days * 24 + hours}:{minutes:02d}:{secs:02d}") == seconds
-    assert preflight.parse_time_s(f"{seconds // 60}:{secs:02d}") == seconds
-    assert preflight.parse_time_s(f"{seconds // 60}") == seconds - secs
-    assert preflight.parse_time_s(f"{days}-{hours}") == (days * 24 + hours) * 3600
-    assert preflight.parse_time_s(preflight.format_minutes(seconds)) == seconds
+    assert cluster_view.parse_time_s(f"{days}-{hours:02d}:{minutes:02d}:{secs:02d}") == seconds
+    assert cluster_view.parse_time_s(f"{days * 24 + hours}:{minutes:02d}:{secs:02d}") == seconds
+    assert cluster_view.parse_time_s(f"{seconds // 60}:{secs:02d}") == seconds
+    assert cluster_view.parse_time_s(f"{seconds // 60}") == seconds - secs
+    assert cluster_view.parse_time_s(f"{days}-{hours}") == (days * 24 + hours) * 3600
+    assert cluster_view.parse_time_s(cluster_view.format_minutes(seconds)) == seconds
 
 
 def test_unlimited_durations_and_garbage():
-    assert preflight.parse_time_s("UNLIMITED") is None and preflight.parse_time_s("INFINITE") is None
+    assert cluster_view.parse_time_s("UNLIMITED") is None and cluster_view.parse_time_s("INFINITE") is None
     with pytest.raises(ValueError):
-        preflight.parse_time_s("1:2:3:4")
+        cluster_view.parse_time_s("1:2:3:4")
 
 
 @pytest.mark.parametrize(
@@ -107,7 +107,7 @@ def test_unlimited_durations_and_garbage():
     ],
 )
 def test_gres_lists(text, counts):
-    assert preflight.parse_gres(text) == counts
+    assert cluster_view.parse_gres(text) == counts
 
 
 @pytest.mark.parametrize(
@@ -115,7 +115,7 @@ def test_gres_lists(text, counts):
     [("a100&ib", True), ("a100,ib", True), ("h100|a100", True), ("h100&ib", False), ("[a100|h100]", None)],
 )
 def test_plain_constraints_are_judged_and_others_left_to_sbatch(constraint, verdict):
-    assert preflight.constraint_ok(constraint, frozenset({"a100", "ib"})) is verdict
+    assert cluster_view.constraint_ok(constraint, frozenset({"a100", "ib"})) is verdict
 
 
 # --- the fit of one resource shape -----------------------------------------------------------------------

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from hpcrl.errors import ConfigError
 from hpcrl.experiment.resolve import resolve
-from hpcrl.launcher import preflight
+from hpcrl.launcher import cluster_view, preflight
 from hpcrl.launcher.sbatch import mem_text, render_sbatch, sbatch_parameters
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,10 +25,10 @@ FOLDER = "/scratch/hpcrl/sweeps/a100-grpo/slurm"
 PYTHON = "/opt/hpcrl/.venv/bin/python"
 
 
-def a100_view() -> preflight.ClusterView:
+def a100_view() -> cluster_view.ClusterView:
     """The A100-shaped cluster (slurm/a100/start.sh) as its controller described itself."""
     golden = GOLDEN.parent
-    return preflight.view_from_text(
+    return cluster_view.view_from_text(
         "MaxArraySize            = 1001\n",
         (golden / "a100-partitions.txt").read_text(),
         (golden / "a100-nodes.txt").read_text(),
