@@ -75,7 +75,7 @@ class AlgorithmConfig:
     """async placement: staleness bound m. The batch trained at step k is generated with the weights
     after update max(0, k - m), so every sample's version lag is at most m. 1 = one-step off-policy
     (generation of batch k+1 overlaps the update on batch k); 0 = synchronous (the colocated run's
-    samples exactly, for exactness tests); larger m keeps m batches in flight."""
+    samples exactly, for exactness tests); larger m keeps m batches in flight (at most 16)."""
     rollout_pool_data: int = 1
     """async placement: generation data-parallel replicas of the rollout pool [d_r]. The rollout pool is
     parallel.rollout_tensor * parallel.rollout_pipeline * rollout_pool_data ranks, placed after the

@@ -67,6 +67,11 @@ def _common_rules(algo: AlgorithmConfig) -> list[tuple[str, bool, str]]:
     ]
 
 
+MAX_OFF_POLICY_STEPS = 16
+"""The staleness bound's bound: m batches are in flight, held in memory on both pools, and generated
+ahead at once at the first step (AReaL reports learning degrading beyond a few steps of staleness)."""
+
+
 def _async_rules(algo: AlgorithmConfig) -> list[tuple[str, bool, str]]:
     """The async placement's own keys (hpcrl.rl.async_driver). Off-policy samples (m >= 1) need the
     truncated importance weight: it is what corrects the PPO ratio for the stale behaviour policy."""
@@ -74,7 +79,11 @@ def _async_rules(algo: AlgorithmConfig) -> list[tuple[str, bool, str]]:
         return []
     m = algo.max_off_policy_steps
     return [
-        ("algorithm.max_off_policy_steps", m >= 0, f"must be >= 0 (0 = synchronous), got {m}"),
+        (
+            "algorithm.max_off_policy_steps",
+            0 <= m <= MAX_OFF_POLICY_STEPS,
+            f"must be in [0, {MAX_OFF_POLICY_STEPS}] (0 = synchronous), got {m}",
+        ),
         (
             "algorithm.rollout_pool_data",
             algo.rollout_pool_data >= 1,

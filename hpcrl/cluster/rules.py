@@ -103,12 +103,12 @@ def _range_problems(cluster: ClusterConfig) -> list[tuple[str, str]]:
     warning signal must come inside the time limit, or the job is told to save and stop the moment it
     starts (USR2@300 on a 1-minute job was killed after 8 s, FAILED)."""
     limit_s = cluster.time_min * 60
-    rules = [
+    rules = _upper_bounds(cluster) + [
         ("cluster.gpus_per_node", cluster.gpus_per_node >= 0, f"must be >= 0, got {cluster.gpus_per_node}"),
         (
             "cluster.mem_gb",
-            cluster.mem_gb is None or cluster.mem_gb > 0,
-            f"must be > 0 (or null: the partition's default), got {cluster.mem_gb}",
+            cluster.mem_gb is None or 0 < cluster.mem_gb <= MAX_MEM_GB,
+            f"must be in (0, {MAX_MEM_GB}] GB (or null: the partition's default), got {cluster.mem_gb}",
         ),
         (
             "cluster.signal_delay_s",
@@ -124,3 +124,26 @@ def _range_problems(cluster: ClusterConfig) -> list[tuple[str, str]]:
         ("cluster.stop_grace_s", cluster.stop_grace_s >= 0, f"must be >= 0, got {cluster.stop_grace_s}"),
     ]
     return [(key, message) for key, ok, message in rules if not ok]
+
+
+MAX_COUNTS = {
+    "nodes": 1 << 20,
+    "tasks_per_node": 1 << 16,
+    "cpus_per_task": 1 << 16,
+    "gpus_per_node": 1 << 10,
+    "time_min": 10 * 366 * 24 * 60,
+    "array_parallelism": 1 << 20,
+    "max_requeues": 1 << 16,
+}
+"""Upper bounds far above any machine (10 years of time limit, 65,536 CPUs per task): a larger value is
+a typo or an attack, and sbatch would take it as given (`#SBATCH --time=10^30`)."""
+MAX_MEM_GB = 1 << 20
+"""1 PiB per node; also refuses inf and NaN (the comparison is False for NaN)."""
+
+
+def _upper_bounds(cluster: ClusterConfig) -> list[tuple[str, bool, str]]:
+    return [
+        (f"cluster.{name}", value is None or value <= bound, f"must be <= {bound}, got {short(value)}")
+        for name, bound in MAX_COUNTS.items()
+        if isinstance(value := getattr(cluster, name), int | None)
+    ]

@@ -6,14 +6,17 @@ Each rule returns Problems whose key names the fields involved, so a user sees e
 
 from __future__ import annotations
 
+import functools
 import re
 
 from hpcrl.algorithm.registry import algorithm_problems
 from hpcrl.cluster.rules import check_cluster
 from hpcrl.distributed.layout import ParallelLayout, model_problems
-from hpcrl.errors import ConfigError, short
+from hpcrl.errors import ConfigError, Problem, short
 from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.rollout.engine_rule import EngineFacts, resolve_engine
+from hpcrl.train.config import ModelConfig
+from hpcrl.train.hf_config import ModelDimsUnavailable, with_hf_architecture
 
 _ENTRYPOINT = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_]\w*")
 _PATH_PART = re.compile(r"[\w.+-]+")
@@ -119,14 +122,52 @@ def _model_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
         layout = ParallelLayout.from_config(par)
     except ConfigError:
         layout = None  # t_g | t and p_g | p: reported by check_rules above
-    if layout is not None and cfg.model.hf_path is None:  # else the HF directory's dims are checked there
-        problems += model_problems(layout, cfg.model)
+    model, model_file_problems = _model_dims(cfg.model)
+    problems += model_file_problems
+    if layout is not None and model is not None:
+        problems += model_problems(layout, model)
     facts = EngineFacts.for_element(gpus_per_node(cfg))
     split = cfg.algorithm.placement != "colocated"  # the rollout engine does not span the element
     problems += resolve_engine(
         cfg.rollout, par.rollout_tensor, par.rollout_pipeline, cfg.model, facts, split_placement=split
     )[1]
     return [(p.key or "parallel", p.message) for p in problems]
+
+
+LAYOUT_FIELDS = ("vocab_size", "num_layers", "num_attention_heads", "num_query_groups", "ffn_hidden_size")
+"""The dims ParallelLayout's model rules read (hpcrl.distributed.layout.ModelDims)."""
+
+
+def _model_dims(model: ModelConfig) -> tuple[ModelConfig | None, list[Problem]]:
+    """The model's dims for the layout rules: from `model.hf_path`'s config.json where it is readable
+    here (the template's values checked against it), else the template's own; None when neither gives
+    every dim the rules read (a path that exists only on the cluster, dims left to it: the ranks check
+    them before loading any weight, hpcrl.train.trainer)."""
+    if model.hf_path is None:
+        return model, []
+    try:
+        model = _with_hf_architecture(tuple(vars(model).items()))
+    except ModelDimsUnavailable:
+        pass
+    except ConfigError as err:  # a config.json that is not one, or dims that contradict it
+        return None, [_under_hf_path(problem) for problem in err.problems]
+    return (None if any(getattr(model, name) is None for name in LAYOUT_FIELDS) else model), []
+
+
+def _under_hf_path(problem: Problem) -> Problem:
+    """A problem found in config.json, reported under `model.hf_path` with the file (and its key) in the
+    message: the rules' (key, message) pairs are placed in the template by their key."""
+    if problem.key is not None and problem.key.startswith("model.") and problem.file is None:
+        return problem  # a template key (dims that contradict config.json: the message names the file)
+    where = ":".join(part for part in (problem.file, problem.key) if part and part != "model.hf_path")
+    return Problem(f"{where}: {problem.message}" if where else problem.message, key="model.hf_path")
+
+
+@functools.lru_cache(maxsize=64)
+def _with_hf_architecture(fields: tuple[tuple[str, object], ...]) -> ModelConfig:
+    # cached by the model's field values: the elements of a sweep name the same few HF directories
+    # (100,000 elements, one read each); a ModelConfig itself is not hashable
+    return with_hf_architecture(ModelConfig(**dict(fields)), need=())
 
 
 def _sampling_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:

@@ -88,10 +88,12 @@ def _read_capped(path: Path) -> bytes:
     unreadable = f"cannot read {path}"
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as err:
+    except FileNotFoundError as err:  # may exist only on the cluster: the template's dims stand in
         raise ModelDimsUnavailable(
             Problem(f"{unreadable}: {err.strerror or err}", key="model.hf_path")
         ) from err
+    except OSError as err:  # here, and wrong (a file for a directory, a symlink loop, no permission)
+        raise ConfigError(Problem(f"{unreadable}: {err.strerror or err}", key="model.hf_path")) from err
     except ValueError as err:  # a NUL byte in the path
         raise ConfigError(Problem(f"not a usable path: {err}", key="model.hf_path")) from err
     try:
