@@ -7,6 +7,7 @@ math itself lives in hpcrl.rl.advantages, keyed by the same names.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from hpcrl.algorithm.config import AlgorithmConfig
@@ -117,8 +118,8 @@ def _online_rules(algo: AlgorithmConfig, spec: AlgorithmSpec, samples: int, max_
         ),
         (
             "algorithm.tis_cap",
-            algo.tis_cap is None or algo.tis_cap >= 1,
-            f"must be >= 1 (or null: off), got {algo.tis_cap}",
+            algo.tis_cap is None or 1 <= algo.tis_cap < math.inf,
+            f"must be a finite number >= 1 (or null: off), got {algo.tis_cap}",
         ),
         ("algorithm.kl_coef", algo.kl_coef >= 0, f"must be >= 0, got {algo.kl_coef}"),
         (
