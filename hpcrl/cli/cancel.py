@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from hpcrl.launcher import sweeps
 from hpcrl.launcher.manifest import load_manifest
 
@@ -15,6 +17,9 @@ def add_arguments(parser) -> None:
 
 def main(args) -> int:
     manifest = load_manifest(args.sweep)
-    chosen = sweeps.cancel(manifest, list(args.indices) or None)
+    notes: list[str] = []
+    chosen = sweeps.cancel(manifest, list(args.indices) or None, notes)
+    for note in notes:
+        print(f"hpcrl: note: {note}", file=sys.stderr)
     print(f"cancel requested for {len(chosen)} element(s): {' '.join(str(e.index) for e in chosen)}")
     return 0

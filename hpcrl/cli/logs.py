@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 from hpcrl.errors import ConfigError, Problem
@@ -29,5 +31,19 @@ def main(args) -> int:
     manifest = load_manifest(args.sweep)
     for path in log_files(manifest, args.index):
         print(f"==> {path} <==")
-        print(path.read_text(errors="replace") if path.exists() else "(not written yet)")
+        print(_log_text(path))
     return 0
+
+
+def _log_text(path: Path) -> str:
+    """A log's text; a FIFO or device in its place is named, never read (it would hang or never end)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return "(not written yet)"
+    except OSError as err:
+        return f"(cannot be read: {err.strerror or err})"
+    with os.fdopen(fd, "rb") as file:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return "(not a regular file: not read)"
+        return file.read().decode(errors="replace")

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import sys
 from types import SimpleNamespace
+from typing import Any
 
 from hpcrl.cli.common import add_override_arguments, overrides_from
 from hpcrl.cli.submit import memory_preflight
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.resolve import element_problems
 from hpcrl.launcher import preflight, sweeps
-from hpcrl.launcher.manifest import load_manifest
+from hpcrl.launcher.manifest import Manifest, load_manifest
 
 HELP = (
     "Resubmit the failed, cancelled, timed-out and lost elements of a sweep; --cluster.KEY VALUE "
@@ -52,6 +53,7 @@ def main(args) -> int:
         print(f"hpcrl: note: {note}", file=sys.stderr)
     again = sweeps.resubmittable(manifest)
     if not again:
+        _check_unused(manifest, overrides)
         unused = " (the overrides were not used)" if overrides else ""
         print(f"nothing to resume: no failed, cancelled, timed-out or lost element{unused}")
         return 0
@@ -95,6 +97,40 @@ def main(args) -> int:
             f"resubmitted {len(array['indices'])} element(s) {array['indices']} as job {array['job_id']}{changed}"
         )
     return 0
+
+
+SAMPLES = 100
+"""How many elements `_check_unused` tries before it gives up on finding a readable config."""
+
+
+def _check_unused(manifest: Manifest, overrides: dict[str, Any]) -> None:
+    """Nothing to resume: the overrides are checked all the same (on the first element whose config
+    reads), so a wrong value is exit 2 naming its key whatever the sweep's state, never a silent 0."""
+    if not overrides:
+        return
+    for entry in manifest.entries[:SAMPLES]:
+        try:
+            element = sweeps.resumed_element(entry, overrides)
+        except ConfigError as err:  # the element's own file: try another; the command line: refuse
+            if mine := [p for p in err.problems if p.file == "command line"]:
+                raise ConfigError(mine) from None
+            continue
+        problems = [
+            Problem(message, "command line", key)
+            for key, message in element_problems(element.config, element.data)
+            if _overridden(key, overrides)
+        ]
+        if problems:
+            raise ConfigError(problems)
+        return
+    raise ConfigError(
+        [
+            Problem(
+                "cannot be checked: no element's config.yaml reads (nothing to resume)", "command line", k
+            )
+            for k in overrides
+        ]
+    )
 
 
 def _overridden(key: str, overrides: dict) -> bool:

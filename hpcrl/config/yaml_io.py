@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from hpcrl.config.safe_read import UnsafeFile, read_capped
 from hpcrl.errors import ConfigError, Problem
 
 _Base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -82,11 +83,12 @@ _StrictLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 def load_yaml(path: str | Path) -> Any:
     """Parse a YAML file strictly; any failure is a ConfigError naming the file (exit 2)."""
     path = Path(path)
-    try:
-        with path.open("rb") as fh:
-            raw = fh.read(MAX_YAML_BYTES + 1)
+    try:  # a regular file only: a FIFO would hang the open, a device read without end
+        raw = read_capped(path, MAX_YAML_BYTES)
     except FileNotFoundError:
         raise ConfigError(Problem("file not found", file=str(path))) from None
+    except UnsafeFile as err:
+        raise ConfigError(Problem(f"cannot read: it {err.strerror}", file=str(path))) from None
     except (OSError, ValueError) as err:  # ValueError: a NUL byte in the path
         raise ConfigError(
             Problem(f"cannot read: {getattr(err, 'strerror', None) or err}", file=str(path))

@@ -22,7 +22,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
+from hpcrl.config.safe_read import read_capped
 from hpcrl.config.yaml_io import atomic_write
+from hpcrl.errors import ConfigError, Problem
 from hpcrl.launcher.element import load_resolved
 from hpcrl.launcher.manifest import load_manifest
 from hpcrl.launcher.ranks import Ranks, forwarded_stops, start_ranks, supervise
@@ -60,10 +62,50 @@ def log_path(sweep_dir: Path, index: int) -> Path:
     return sweep_dir / LOCAL_DIR / f"{index}.log"
 
 
+STATE_TYPES: dict[str, tuple[type, ...]] = {
+    "state": (str,),
+    "pgid": (int,),
+    "started": (int, float),
+    "exit_code": (int,),
+    "finished": (int, float),
+}
+"""The fields of `<sweep dir>/local/<index>.json` (write_state's callers), each of its JSON type."""
+MAX_STATE_BYTES = 64 << 10
+
+
 def read_state(sweep_dir: Path, index: int) -> dict:
+    """The element's state record; {} before the runner wrote one. ConfigError naming the file when it
+    is not a regular file of write_state's shape: its pgid is what `cancel` signals."""
+    path = state_path(sweep_dir, index)
     try:
-        return json.loads(state_path(sweep_dir, index).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+        data = json.loads(read_capped(path, MAX_STATE_BYTES, follow_symlinks=False).decode("utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, RecursionError) as err:  # UnicodeDecodeError is a ValueError
+        why = getattr(err, "strerror", None) or err
+        raise ConfigError(Problem(f"not a local element state: {why}", file=str(path))) from None
+    problem = _state_problem(data)
+    if problem:
+        raise ConfigError(Problem(f"not a local element state: {problem[1]}", file=str(path), key=problem[0]))
+    return data
+
+
+def _state_problem(data: object) -> tuple[str | None, str] | None:
+    if type(data) is not dict:
+        return None, "must be a JSON object"
+    for key, value in data.items():
+        if type(value) not in STATE_TYPES.get(key, ()):
+            return key, "unknown key" if key not in STATE_TYPES else "wrong type"
+    if "pgid" in data and data["pgid"] < 2:
+        return "pgid", "must be a process group id above 1"
+    return None
+
+
+def _state_or_empty(sweep_dir: Path, index: int) -> dict:
+    """The runner's view: an unreadable record is no cancel (the runner never stops on a bad file)."""
+    try:
+        return read_state(sweep_dir, index)
+    except ConfigError:
         return {}
 
 
@@ -96,14 +138,39 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def cancel_local(sweep_dir: Path, index: int) -> None:
-    """Cancel a pending element (the runner skips it) or stop a running one's process group."""
+def cancel_local(sweep_dir: Path, index: int, config_path: str, run_dir: str) -> str | None:
+    """Cancel a pending element (the runner skips it) or stop a running one's process group. When the
+    recorded group is not this element's, nothing is written or signalled, and the returned line says
+    why (else None)."""
     state = read_state(sweep_dir, index)
-    if state.get("state") in ("PENDING", "RUNNING"):
-        write_state(sweep_dir, index, **{**state, "state": "CANCELLED"})
-        if state.get("pgid"):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(state["pgid"], signal.SIGTERM)
+    if state.get("state") not in ("PENDING", "RUNNING"):
+        return None
+    pgid = state.get("pgid")
+    if pgid is not None and not runs_element(pgid, config_path, run_dir):
+        return (
+            f"element {index}: process group {pgid} (recorded in {state_path(sweep_dir, index)}) is not "
+            "this element's rank 0 (it ended, or the file was edited): left alone"
+        )
+    write_state(sweep_dir, index, **{**state, "state": "CANCELLED"})
+    if pgid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGTERM)
+    return None
+
+
+def runs_element(pgid: int, config_path: str, run_dir: str) -> bool:
+    """Whether process group `pgid` is led by this element's rank 0: its leader's command line is the
+    one hpcrl.launcher.ranks.start_ranks gave it (`-m hpcrl.launcher.element CONFIG RUN_DIR`). A pid
+    reused by another program, or a number written into the state file by hand, has another command
+    line (Linux: /proc; elsewhere nothing is signalled)."""
+    try:
+        if os.getpgid(pgid) != pgid:
+            return False
+        cmdline = read_capped(f"/proc/{pgid}/cmdline", 1 << 20).split(b"\0")
+    except (OSError, OverflowError):
+        return False
+    expected = [b"-m", b"hpcrl.launcher.element", os.fsencode(config_path), os.fsencode(run_dir)]
+    return cmdline[1:5] == expected
 
 
 def _run_sweep(sweep_dir: Path, indices: list[int]) -> None:
@@ -116,7 +183,7 @@ def _run_sweep(sweep_dir: Path, indices: list[int]) -> None:
     while queue or running:
         while queue and len(running) < parallel:
             entry = queue.pop(0)
-            if read_state(sweep_dir, entry.index).get("state") == "CANCELLED":
+            if _state_or_empty(sweep_dir, entry.index).get("state") == "CANCELLED":
                 continue
             cfg = cfgs[entry.index]
             log = open(log_path(sweep_dir, entry.index), "ab")  # noqa: SIM115 - closed when the element ends
@@ -132,7 +199,7 @@ def _run_sweep(sweep_dir: Path, indices: list[int]) -> None:
                 ranks.close()
                 log.close()
                 del running[index]
-                cancelled = read_state(sweep_dir, index).get("state") == "CANCELLED"
+                cancelled = _state_or_empty(sweep_dir, index).get("state") == "CANCELLED"
                 final = "CANCELLED" if cancelled else ("COMPLETED" if code == 0 else "FAILED")
                 write_state(sweep_dir, index, state=final, exit_code=code, finished=time.time())
         time.sleep(0.2)

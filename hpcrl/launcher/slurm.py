@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcrl.cluster.config import ClusterConfig
+from hpcrl.config.safe_read import read_capped
 from hpcrl.config.yaml_io import canonical_json
 from hpcrl.errors import ClusterError, cut
 from hpcrl.launcher.sbatch import render_sbatch, sbatch_parameters
@@ -239,6 +240,10 @@ def parse_scontrol_jobs(text: str) -> dict[str, Observed]:
     return out
 
 
+MAX_RESULT_BYTES = 64 << 20
+"""submitit's result file holds ('success', an element's small return) or ('error', a traceback)."""
+
+
 def result_path(folder: Path, job_id: str) -> Path:
     """submitit's result file of rank 0 of an element (its JobPaths.result_pickle: '<job id>_0_result.pkl')."""
     return folder / f"{job_id}_0_result.pkl"
@@ -247,10 +252,11 @@ def result_path(folder: Path, job_id: str) -> Path:
 def read_result(path: Path) -> Observed | None:
     """What submitit's result file says, without unpickling it: it holds ('success', result) or ('error',
     traceback text), so the first two strings among its opcodes are the tag and, for an error, the
-    traceback. None when there is no such file (or it is not that shape)."""
-    try:
-        data = path.read_bytes()
-    except OSError:
+    traceback. None when there is no such file (or it is not that shape, or not a regular file of at most
+    MAX_RESULT_BYTES)."""
+    try:  # a regular file of bounded size: a FIFO or /dev/zero here must not hang or fill memory
+        data = read_capped(path, MAX_RESULT_BYTES, follow_symlinks=False)
+    except (OSError, ValueError):
         return None
     strings = []
     try:

@@ -23,15 +23,24 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from hpcrl.config.safe_read import read_capped
 from hpcrl.config.schema import build, check_tree, deep_merge, get_dotted, to_dict, with_values
 from hpcrl.config.text_rules import path_problem
-from hpcrl.config.yaml_io import load_yaml
+from hpcrl.config.yaml_io import MAX_YAML_BYTES, load_yaml
 from hpcrl.errors import ClusterError, ConfigError, Problem, cut
 from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.experiment.elements import config_id
 from hpcrl.experiment.resolve import ResolvedConfig, Sweep
 from hpcrl.launcher import local, preflight, slurm
-from hpcrl.launcher.manifest import FINAL, MANIFEST, RESUBMITTABLE, Entry, Manifest, load_manifest
+from hpcrl.launcher.manifest import (
+    FINAL,
+    MANIFEST,
+    RESUBMITTABLE,
+    SLURM_STATES,
+    Entry,
+    Manifest,
+    load_manifest,
+)
 from hpcrl.progress import Track, untracked
 
 CONFIG_FILE = "config.yaml"
@@ -147,11 +156,10 @@ def verify_config(path: Path, expected_id: str, expected_text: str | None = None
 
     if os.path.islink(path):
         raise refuse(f"is a symlink (to {os.readlink(path)})")
-    try:
-        with open(path, "rb") as file:
-            raw = file.read()
-    except OSError as err:
-        raise refuse(f"cannot be read ({err.strerror or err})") from None
+    try:  # a regular file only (a FIFO would hang the open), and no larger than a config may be
+        raw = read_capped(path, MAX_YAML_BYTES)
+    except (OSError, ValueError) as err:
+        raise refuse(f"cannot be read ({getattr(err, 'strerror', None) or err})") from None
     if expected_text is not None and raw == expected_text.encode():
         return
     try:
@@ -332,32 +340,52 @@ def refresh(manifest: Manifest, notes: list[str] | None = None) -> Manifest:
                 continue
             if seen.state == "LOST" and e.state in FINAL:
                 continue
-            e.state, e.reason = seen.state, seen.reason
+            e.state, e.reason = _known(seen)
     manifest.save()
     return manifest
+
+
+def _known(seen: slurm.Observed) -> tuple[str, str | None]:
+    """A state the manifest may hold (manifest.STATES): one Slurm adds later is UNKNOWN, and says so."""
+    if seen.state in SLURM_STATES:
+        return seen.state, seen.reason
+    return "UNKNOWN", cut(f"Slurm state {seen.state}" + (f": {seen.reason}" if seen.reason else ""), 200)
+
+
+def launcher_record(run_dir: str) -> dict[str, Any]:
+    """The element's <run dir>/launcher.json (restarts, rank 0's error); {} when absent or not a
+    small regular file of a JSON object (a FIFO there must not hang `status`)."""
+    try:
+        data = json.loads(read_capped(Path(run_dir) / "launcher.json", 16 << 20))
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _local_reason(entry: Entry, record: dict[str, Any]) -> str | None:
     """A local element's reason: the first line of the error its rank 0 recorded, else its exit code."""
     if entry.state in ("COMPLETED", "PENDING", "RUNNING"):
         return None
-    try:
-        error = json.loads((Path(entry.run_dir) / "launcher.json").read_text()).get("error")
-    except (OSError, ValueError):
-        error = None
+    error = launcher_record(entry.run_dir).get("error")
     if error:
         return cut(str(error).strip().splitlines()[0], slurm.REASON_CHARS)
     code = record.get("exit_code")
     return f"exit {code}" if code not in (None, 0) else None
 
 
-def cancel(manifest: Manifest, indices: list[int] | None) -> list[Entry]:
-    """Cancel the given elements (all when None); returns the entries asked to stop."""
+def cancel(manifest: Manifest, indices: list[int] | None, notes: list[str] | None = None) -> list[Entry]:
+    """Cancel the given elements (all when None); returns the entries asked to stop. `notes` gets a
+    line for each local element whose recorded process group was not its own (left alone)."""
     chosen = [manifest.entry(i) for i in indices] if indices else list(manifest.entries)
     chosen = [e for e in chosen if e.job_id]
     if manifest.executor == "local":
-        for e in chosen:
-            local.cancel_local(Path(manifest.sweep_dir), e.index)
+        left = [
+            (e, local.cancel_local(Path(manifest.sweep_dir), e.index, e.config_path, e.run_dir))
+            for e in chosen
+        ]
+        chosen = [e for e, note in left if note is None]
+        if notes is not None:
+            notes += [note for _, note in left if note]
     else:
         slurm.scancel(
             [e.job_id for e in chosen] if indices else sorted({e.job_id.split("_")[0] for e in chosen})
@@ -377,8 +405,8 @@ def resubmittable(manifest: Manifest) -> list[Entry]:
 
 def restart_count(entry: Entry) -> int:
     try:
-        return int(json.loads((Path(entry.run_dir) / "launcher.json").read_text()).get("restart_count", 0))
-    except (FileNotFoundError, ValueError):
+        return int(launcher_record(entry.run_dir).get("restart_count", 0))
+    except (TypeError, ValueError, OverflowError):
         return 0
 
 

@@ -25,13 +25,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
-import stat
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from hpcrl.config.safe_read import UnsafeFile, read_capped
 from hpcrl.errors import ConfigError, Problem, short
 from hpcrl.train.config import ARCHITECTURE_FIELDS, ModelConfig
 
@@ -84,10 +83,13 @@ def read_config_json(directory: str | Path) -> dict[str, Any]:
 
 
 def _read_capped(path: Path) -> bytes:
-    """At most MAX_CONFIG_BYTES + 1 bytes of a regular file; O_NONBLOCK so a FIFO cannot hang the open."""
+    """config.json's bytes through the shared untrusted-file reader (hpcrl.config.safe_read: regular
+    file only, O_NONBLOCK so a FIFO cannot hang the open, at most MAX_CONFIG_BYTES)."""
     unreadable = f"cannot read {path}"
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        return read_capped(path, MAX_CONFIG_BYTES)
+    except UnsafeFile as err:
+        raise ConfigError(Problem(f"{err.strerror}: not an HF config.json", str(path))) from err
     except FileNotFoundError as err:  # may exist only on the cluster: the template's dims stand in
         raise ModelDimsUnavailable(
             Problem(f"{unreadable}: {err.strerror or err}", key="model.hf_path")
@@ -96,23 +98,6 @@ def _read_capped(path: Path) -> bytes:
         raise ConfigError(Problem(f"{unreadable}: {err.strerror or err}", key="model.hf_path")) from err
     except ValueError as err:  # a NUL byte in the path
         raise ConfigError(Problem(f"not a usable path: {err}", key="model.hf_path")) from err
-    try:
-        regular = stat.S_ISREG(os.fstat(fd).st_mode)
-        chunks, left = [], MAX_CONFIG_BYTES + 1
-        while regular and left > 0 and (chunk := os.read(fd, left)):
-            chunks.append(chunk)
-            left -= len(chunk)
-    except OSError as err:
-        raise ModelDimsUnavailable(
-            Problem(f"{unreadable}: {err.strerror or err}", key="model.hf_path")
-        ) from err
-    finally:
-        os.close(fd)
-    if not regular:
-        raise ConfigError(Problem("not a regular file", str(path)))
-    if left <= 0:
-        raise ConfigError(Problem(f"larger than {MAX_CONFIG_BYTES} bytes: not an HF config.json", str(path)))
-    return b"".join(chunks)
 
 
 def _no_constant(name: str) -> None:

@@ -99,11 +99,11 @@ def test_split_placement_rules_name_the_key():
 
 def test_both_pools_training_groups_get_the_configured_timeout(monkeypatch):
     """Issue 14: the RL job's TP/PP/DP groups were built without parallel.timeout_s (torch's default)."""
-    import hpcrl.train.model as model
+    from hpcrl.rl import assemble
     from hpcrl.rl.assemble import Pools, _pool_groups
 
     calls = []
-    monkeypatch.setattr(model, "build_train_groups", lambda *a, **kw: calls.append(kw) or object())
+    monkeypatch.setattr(assemble, "build_train_groups", lambda *a, **kw: calls.append(kw) or object())
     cfg = _ppo(**SPLIT, **{"parallel.timeout_s": 37.0})
     _pool_groups(cfg, Pools.for_config(cfg, world=2))
     assert [kw["timeout_s"] for kw in calls] == [37.0, 37.0]
