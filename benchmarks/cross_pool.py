@@ -22,11 +22,11 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.reshard import model_dims  # noqa: E402  (the same model as the colocated benchmark)
 from hpcrl.bench.records import Record, write_records  # noqa: E402
 
 # (t, p, d) -> (t_g, p_g, d_r); training ranks first, rollout ranks after them
@@ -38,20 +38,6 @@ PAIRS = [
     ((4, 1, 1), (2, 1, 2)),
     HEADLINE,
 ]
-
-
-def model_dims(hidden: int) -> SimpleNamespace:
-    """benchmarks/reshard.py's model: Llama-like GQA proportions, 8 layers."""
-    return SimpleNamespace(
-        vocab_size=16 * hidden,
-        hidden_size=hidden,
-        num_layers=8,
-        num_attention_heads=8,
-        num_query_groups=8,
-        ffn_hidden_size=4 * hidden,
-        qkv_bias=False,
-        tie_word_embeddings=False,
-    )
 
 
 def pools(pair):

@@ -11,7 +11,7 @@ import re
 
 from hpcrl.algorithm.registry import algorithm_problems
 from hpcrl.cluster.rules import check_cluster
-from hpcrl.distributed.layout import ParallelLayout, model_problems
+from hpcrl.distributed.layout import ModelDims, ParallelLayout, model_problems
 from hpcrl.errors import ConfigError, Problem, short
 from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.rollout.engine_rule import EngineFacts, resolve_engine
@@ -134,8 +134,8 @@ def _model_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
     return [(p.key or "parallel", p.message) for p in problems]
 
 
-LAYOUT_FIELDS = ("vocab_size", "num_layers", "num_attention_heads", "num_query_groups", "ffn_hidden_size")
-"""The dims ParallelLayout's model rules read (hpcrl.distributed.layout.ModelDims)."""
+LAYOUT_FIELDS = tuple(ModelDims.__annotations__)
+"""The dims ParallelLayout's model rules read (the ModelDims protocol's fields)."""
 
 
 def _model_dims(model: ModelConfig) -> tuple[ModelConfig | None, list[Problem]]:

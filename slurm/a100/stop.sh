@@ -30,38 +30,11 @@ if recorded_pid_alive "$run" slurmctld && [ -f "$state/etc/slurm.conf" ]; then
   fi
 fi
 
-stop_group() {  # stop_group <grace seconds> <name...>: TERM, wait, KILL what is left
-  local grace="$1" name pid start alive waited=0
-  shift
-  for name in "$@"; do
-    recorded_pid_alive "$run" "$name" || continue
-    read -r pid start <"$run/$name.pid"
-    kill -TERM "$pid" 2>/dev/null
-  done
-  while :; do
-    alive=()
-    for name in "$@"; do recorded_pid_alive "$run" "$name" && alive+=("$name"); done
-    [ "${#alive[@]}" -eq 0 ] && break
-    if [ "$waited" -ge $((grace * 10)) ]; then
-      for name in "${alive[@]}"; do
-        read -r pid start <"$run/$name.pid"
-        say "$name (pid $pid) ignored TERM for ${grace}s: KILL"
-        kill -KILL "$pid" 2>/dev/null
-      done
-      sleep 0.2
-      break
-    fi
-    sleep 0.1
-    waited=$((waited + 1))
-  done
-  for name in "$@"; do rm -f "$run/$name.pid"; done
-}
-
 # A slurmd whose slurmctld is gone ignores TERM while it retries to register: slurmd's first.
 # shellcheck disable=SC2046
-stop_group 10 $(recorded_names "$run" | grep '^slurmd-' || true)
-stop_group 10 slurmctld
+stop_group "$run" 10 $(recorded_names "$run" | grep '^slurmd-' || true)
+stop_group "$run" 10 slurmctld
 # shellcheck disable=SC2046
-stop_group 5 $(recorded_names "$run")
+stop_group "$run" 5 $(recorded_names "$run")
 rm -f "$state/cluster.json" "$run"/*.daemon.pid
 say "stopped (state $state)"

@@ -1,4 +1,4 @@
-# PID bookkeeping shared by start.sh and stop.sh (sourced, not run).
+# PID bookkeeping shared by the dev and A100-shaped clusters' start.sh and stop.sh (sourced, not run).
 # A record <run>/<name>.pid holds "<pid> <start time>": the start time (field 22 of /proc/<pid>/stat)
 # tells our daemon from an unrelated process that reused its PID, so stop never kills a stranger.
 
@@ -51,4 +51,31 @@ any_recorded_pid_alive() {
     recorded_pid_alive "$1" "$name" && return 0
   done
   return 1
+}
+
+stop_group() {  # stop_group <run dir> <grace seconds> <name...>: TERM, wait, KILL what is left
+  local run="$1" grace="$2" name pid start alive waited=0
+  shift 2
+  for name in "$@"; do
+    recorded_pid_alive "$run" "$name" || continue
+    read -r pid start <"$run/$name.pid"
+    kill -TERM "$pid" 2>/dev/null
+  done
+  while :; do
+    alive=()
+    for name in "$@"; do recorded_pid_alive "$run" "$name" && alive+=("$name"); done
+    [ "${#alive[@]}" -eq 0 ] && break
+    if [ "$waited" -ge $((grace * 10)) ]; then
+      for name in "${alive[@]}"; do
+        read -r pid start <"$run/$name.pid"
+        say "$name (pid $pid) ignored TERM for ${grace}s: KILL"  # say: the sourcing script's
+        kill -KILL "$pid" 2>/dev/null
+      done
+      sleep 0.2
+      break
+    fi
+    sleep 0.1
+    waited=$((waited + 1))
+  done
+  for name in "$@"; do rm -f "$run/$name.pid"; done
 }

@@ -30,41 +30,14 @@ if recorded_pid_alive "$run" slurmctld && [ -f "$state/etc/slurm.conf" ]; then
   fi
 fi
 
-stop_group() {  # stop_group <grace seconds> <name...>: TERM, wait, KILL what is left
-  local grace="$1" name pid start waited=0 alive
-  shift
-  for name in "$@"; do
-    recorded_pid_alive "$run" "$name" || continue
-    read -r pid start <"$run/$name.pid"
-    kill -TERM "$pid" 2>/dev/null
-  done
-  while :; do
-    alive=()
-    for name in "$@"; do recorded_pid_alive "$run" "$name" && alive+=("$name"); done
-    [ "${#alive[@]}" -eq 0 ] && break
-    if [ "$waited" -ge $((grace * 10)) ]; then
-      for name in "${alive[@]}"; do
-        read -r pid start <"$run/$name.pid"
-        say "$name (pid $pid) ignored TERM for ${grace}s: KILL"
-        kill -KILL "$pid" 2>/dev/null
-      done
-      sleep 0.2
-      break
-    fi
-    sleep 0.1
-    waited=$((waited + 1))
-  done
-  for name in "$@"; do rm -f "$run/$name.pid"; done
-}
-
 names="$(recorded_names "$run")"
 slurmds="$(echo "$names" | grep '^slurmd-' || true)"
 # shellcheck disable=SC2086
-stop_group 10 $slurmds slurmctld
-stop_group 10 slurmdbd
-stop_group 20 mariadb munged
+stop_group "$run" 10 $slurmds slurmctld
+stop_group "$run" 10 slurmdbd
+stop_group "$run" 20 mariadb munged
 # Anything else recorded (should be none).
 # shellcheck disable=SC2046
-stop_group 5 $(recorded_names "$run")
+stop_group "$run" 5 $(recorded_names "$run")
 rm -f "$state/cluster.json" "$run"/*.daemon.pid
 say "stopped (state $state)"
