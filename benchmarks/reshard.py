@@ -102,7 +102,7 @@ def bench_rank(rank: int, world_size: int, pairs: list, hidden: int, reps: int, 
             for m in metas
             if m.stage == pp
         }
-        plan = plan_rank(layout, metas, rank, itemsize=4, bucket_bytes=bucket_bytes)
+        plan = plan_rank(layout, metas, rank, bucket_bytes=bucket_bytes)
         engines, transports = {}, {}
         for kind in ("hybrid", "naive"):
             transports[kind] = CountingTransport(TorchTransport())
@@ -111,7 +111,7 @@ def bench_rank(rank: int, world_size: int, pairs: list, hidden: int, reps: int, 
                 if kind == "hybrid"
                 else NaiveEngine(plan, metas, transports[kind], groups)
             )
-            engines[kind].bind(dict(params))
+            engines[kind].attach(dict(params))
         times: dict[str, list[float]] = {"hybrid": [], "naive": []}
         for rep in range(reps + 1):  # rep 0 warms up gloo connections; engines alternate against load drift
             for kind, engine in engines.items():
@@ -144,7 +144,7 @@ def summarize(
     for i, pair in enumerate(pairs):
         layout = _layout(pair)
         metas = gpt_param_metas(dims, pipeline=layout.pipeline)
-        per_rank = split_bytes_per_rank(metas, layout.tensor, layout.pipeline, itemsize=4)
+        per_rank = split_bytes_per_rank(metas, layout.tensor, layout.pipeline)
         m_split = per_rank * layout.model_parallel_size
         bound = (layout.micro_data - 1) * per_rank
         naive_formula = (layout.model_parallel_size - 1) * per_rank

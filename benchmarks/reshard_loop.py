@@ -59,12 +59,13 @@ def bench_rank(rank: int, world: int, hidden: int, reps: int) -> dict:
         for m in metas
         if m.stage == pp
     }
-    plan = plan_rank(layout, metas, rank, itemsize=4, bucket_bytes=64 << 20)
+    plan = plan_rank(layout, metas, rank, bucket_bytes=64 << 20)
     engine = HybridEngine(plan, CountingTransport(TorchTransport()), groups)
-    engine.bind(params)
-    store = GenerationStore(plan, torch.float32)
+    engine.attach(params)
+    store = GenerationStore(plan)
     handoff = ReshardHandoff(engine, store=store)
-    own = engine.store.flat[SPLIT]
+    split = plan.streams_of(SPLIT)[0]  # fp32 model: one split stream
+    own = engine.shards.read(split.name, 0, torch.empty(split.lengths[split.member]))
     micro = groups["micro_data"]
     gathered = torch.empty(own.numel() * len(micro.ranks))
 
@@ -96,7 +97,7 @@ def bench_rank(rank: int, world: int, hidden: int, reps: int) -> dict:
     return {
         "times": times,
         "bytes_received": metrics["reshard/bytes_received"],
-        "bound": plan.lower_bound_elements() * 4,
+        "bound": plan.lower_bound_bytes(),
         "allgather_bytes": (gathered.numel() - own.numel()) * 4,
         "store_bytes": store.nbytes,
         "params": sum(m.numel for m in metas),

@@ -35,6 +35,7 @@ COMMANDS: dict[str, str] = {
     "resume": "hpcrl.cli.resume",
     "ckpt": "hpcrl.cli.ckpt",
     "plan": "hpcrl.cli.plan",
+    "rehearse": "hpcrl.cli.rehearse",
     "bench": "hpcrl.cli.bench",
 }
 

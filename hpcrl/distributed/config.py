@@ -30,6 +30,10 @@ class ParallelConfig:
     """Collective timeout: a dead peer becomes an error naming the group, not a hang."""
     reshard_bucket_mb: float = 64.0
     """All-gather staging bucket of the train->rollout reshard (MiB); peak extra memory = received part + one bucket."""
+    verify_weight_sync: bool = False
+    """After every train->rollout weight sync, compare per-parameter checksums of what the reshard read with
+    what the optimizer wrote (megatron: its DDP param buffer); a difference stops the job naming the
+    parameter. Costs one more read of the rank's training shard per step; `hpcrl rehearse` turns it on."""
 
     @property
     def world_size(self) -> int:

@@ -79,14 +79,6 @@ def check_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
             )
         )
     gpus = gpus_per_node(cfg)
-    if cfg.optim.backend == "megatron" and not gpus:
-        out.append(
-            (
-                "optim.backend",
-                "megatron's distributed optimizer needs CUDA, but the element has no GPUs "
-                "(cluster.gpus_per_node / cluster.gres); use auto (megatron on GPUs, torch on CPU) or torch",
-            )
-        )
     if gpus > 0:  # a negative count is cluster.gpus_per_node's own rule
         total = gpus * cl.nodes
         if cl.tasks_per_node != gpus:

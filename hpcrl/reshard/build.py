@@ -2,8 +2,8 @@
 
 layout = ParallelLayout.from_config(cfg.parallel)
 groups = make_groups(layout, ENGINE_FAMILIES, timeout_s=cfg.parallel.timeout_s)    # every rank
-engine = build_reshard_engine(cfg.model, layout, rank=rank, groups=groups)
-engine.bind(dict(named_global_params(model, cfg.model, train_groups)))              # once
+params = dict(named_global_params(model, cfg.model, train_groups))                 # read, never moved
+engine = build_reshard_engine(cfg.model, layout, params, rank=rank, groups=groups)
 per RL step:
     shard = engine.to_generation()
     rollout.load_weights(rollout_weights(shard, layout, rank, cfg.model))          # (hf_name, tensor)
@@ -16,23 +16,30 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Literal
 
+import torch
+
 from hpcrl.distributed.layout import ParallelLayout
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.reshard.engine import HybridEngine
 from hpcrl.reshard.naive import NaiveEngine
-from hpcrl.reshard.params import gpt_param_metas
+from hpcrl.reshard.params import ParamMeta, gpt_param_metas
 from hpcrl.reshard.planner import plan_rank
 from hpcrl.reshard.transport import CountingTransport, Group, TorchTransport, Transport
 
 ENGINE_FAMILIES = ("micro_data", "stage_merge", "train_tensor", "train_pipeline")
 """Group families the engines use (HybridEngine: micro_data, stage_merge; naive: train_tensor/pipeline)."""
 
-_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+def model_param_metas(model, pipeline: int) -> list[ParamMeta]:
+    """`gpt_param_metas` of a ModelConfig with the dtype a model built here has: every parameter in
+    `model.dtype` (hpcrl.train.model.cast_to_model_dtype). `attach` checks the built model against it."""
+    return gpt_param_metas(model, pipeline, dtype=model.dtype)
 
 
 def build_reshard_engine(
     model,
     layout: ParallelLayout,
+    params: Mapping[str, torch.Tensor],
     *,
     rank: int,
     groups: Mapping[str, Group],
@@ -40,7 +47,9 @@ def build_reshard_engine(
     kind: Literal["hybrid", "naive"] = "hybrid",
     transport: Transport | None = None,
 ) -> HybridEngine | NaiveEngine:
-    """Validate (before any collective), plan and build this rank's engine for a ModelConfig.
+    """Validate (before any collective), plan and build this rank's engine for a ModelConfig, reading
+    the training shards from `params` (global name -> this rank's shard, hpcrl.train.model.
+    named_global_params; their shapes and dtypes are checked against the plan).
 
     `bucket_bytes` bounds the all-gather staging buffer (the "+ one bucket" of peak memory). The transport
     defaults to a CountingTransport over torch.distributed, so volumes are always inspectable.
@@ -53,9 +62,13 @@ def build_reshard_engine(
                 key="parallel.rollout_pipeline",
             )
         )
-    metas = gpt_param_metas(model, pipeline=layout.pipeline)
-    plan = plan_rank(layout, metas, rank, itemsize=_ITEMSIZE[model.dtype], bucket_bytes=bucket_bytes)
+    metas = model_param_metas(model, layout.pipeline)
+    plan = plan_rank(layout, metas, rank, bucket_bytes=bucket_bytes)
     transport = transport or CountingTransport(TorchTransport())
-    if kind == "naive":
-        return NaiveEngine(plan, metas, transport, groups)
-    return HybridEngine(plan, transport, groups)
+    engine = (
+        NaiveEngine(plan, metas, transport, groups)
+        if kind == "naive"
+        else HybridEngine(plan, transport, groups)
+    )
+    engine.attach(params)
+    return engine

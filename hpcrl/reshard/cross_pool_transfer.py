@@ -123,10 +123,17 @@ class CrossPoolTransfer:
         return packed[block]
 
     # ---- rollout side --------------------------------------------------------------------------
-    def allocate(self, dtype: torch.dtype, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
-        """Empty generation-shard tensors of this rollout rank, in metadata order (to receive into)."""
+    def allocate(
+        self, dtype: torch.dtype | None = None, device: torch.device | str = "cpu"
+    ) -> dict[str, torch.Tensor]:
+        """Empty generation-shard tensors of this rollout rank, in metadata order (to receive into), each
+        of `dtype`, or (None) of its parameter's own dtype (a bf16 model's fp32 norms stay fp32)."""
         shapes = self.plan.receive_shapes(self.rank)
-        return {name: torch.empty(shape, dtype=dtype, device=device) for name, shape in shapes.items()}
+        own = {m.name: getattr(torch, m.dtype) for m in self.plan.metas}
+        return {
+            name: torch.empty(shape, dtype=dtype or own[name], device=device)
+            for name, shape in shapes.items()
+        }
 
     def receive(self, out: Mapping[str, torch.Tensor]) -> int:
         """Fill `out` ({name: generation-shard tensor}) with this rollout rank's shard. Returns bytes

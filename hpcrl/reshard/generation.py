@@ -5,7 +5,8 @@ its generation shard (TP rank t_g, stage p_g). `HybridEngine.to_generation` leav
 rank's own training shards (in place) plus the received member buffers; a rollout model needs each
 parameter as one contiguous tensor in the generation layout (megatron-core's `linear_qkv`, `linear_fc1`,
 ... at TP = t_g). `GenerationStore` is that: one flat tensor holding every generation tensor of the rank,
-laid out in plan order, whose views *are* the rollout model's parameters (`bind` points each
+laid out in plan order (one flat tensor per dtype for a mixed-precision model), whose views *are* the
+rollout model's parameters (`bind` points each
 parameter's `.data` at its view once, so a weight sync writes the model's weights directly and the
 model keeps no copy of its own).
 
@@ -20,96 +21,108 @@ sync and re-points the parameters.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import torch
 
 from hpcrl.errors import ConfigError, Problem
-from hpcrl.reshard.engine import assemble
+from hpcrl.reshard.engine import PieceSource, assemble
+from hpcrl.reshard.params import ITEMSIZE, dtype_name
 from hpcrl.reshard.planner import RankPlan
 
 
 class GenerationStore:
-    """This rank's generation tensors in one flat buffer; rollout parameters are views into it."""
+    """This rank's generation tensors in one flat buffer per dtype; rollout parameters are views into it."""
 
-    def __init__(self, plan: RankPlan, dtype: torch.dtype, device: torch.device | str = "cpu"):
-        self.plan, self.dtype, self.device = plan, dtype, torch.device(device)
+    def __init__(self, plan: RankPlan, device: torch.device | str = "cpu"):
+        self.plan, self.device = plan, torch.device(device)
         self.offsets: dict[str, int] = {}
-        offset = 0
+        self.numels: dict[str, int] = {}
+        """dtype name -> elements of its flat buffer."""
         for gen in plan.gen:
-            self.offsets[gen.name] = offset
-            offset += math.prod(gen.shape)
-        self.numel = offset
-        self.flat: torch.Tensor | None = None
+            self.offsets[gen.name] = self.numels.get(gen.dtype, 0)
+            self.numels[gen.dtype] = self.offsets[gen.name] + math.prod(gen.shape)
+        self.flats: dict[str, torch.Tensor] | None = None
         self._params: dict[str, torch.Tensor] = {}
 
     @classmethod
     def for_engine(cls, engine) -> GenerationStore:
-        """The store of a bound HybridEngine's plan, on the device and in the dtype of its training shards."""
-        sample = next(iter(engine.store.flat.values()))
-        return cls(engine.plan, sample.dtype, sample.device)
+        """The store of an attached HybridEngine's plan, on the device of its training shards."""
+        sample = next(iter(engine.shards.params.values()))
+        return cls(engine.plan, sample.device)
 
     @property
     def nbytes(self) -> int:
-        return self.numel * torch.empty((), dtype=self.dtype).element_size()
+        return sum(numel * ITEMSIZE[dtype] for dtype, numel in self.numels.items())
 
     @property
     def awake(self) -> bool:
-        return self.flat is not None
+        return self.flats is not None
 
     def views(self) -> dict[str, torch.Tensor]:
-        """Global Megatron name -> this rank's generation tensor (a view of the flat buffer)."""
-        if self.flat is None:
+        """Global Megatron name -> this rank's generation tensor (a view of its dtype's flat buffer)."""
+        if self.flats is None:
             raise RuntimeError("generation store is asleep: wake() it first")
-        return {
-            gen.name: self.flat[self.offsets[gen.name] : self.offsets[gen.name] + math.prod(gen.shape)].view(
-                gen.shape
-            )
-            for gen in self.plan.gen
-        }
+        out = {}
+        for gen in self.plan.gen:
+            start = self.offsets[gen.name]
+            out[gen.name] = self.flats[gen.dtype][start : start + math.prod(gen.shape)].view(gen.shape)
+        return out
 
     def bind(self, params: Mapping[str, torch.Tensor]) -> None:
         """Make `params` (global name -> rollout model parameter) views of the store, now and after every
-        `wake()`. Every generation tensor of the plan must be bound exactly once, with its planned shape."""
-        planned = {gen.name: gen.shape for gen in self.plan.gen}
+        `wake()`. Every generation tensor of the plan must be bound exactly once, with its planned shape
+        and dtype."""
+        planned = {gen.name: gen for gen in self.plan.gen}
         problems = [Problem("not in the generation plan", key=name) for name in params if name not in planned]
         problems += [
             Problem(f"missing from the rollout model on rank {self.plan.rank}", key=name)
             for name in planned
             if name not in params
         ]
-        problems += [
-            Problem(f"rollout parameter shape {tuple(params[n].shape)} != generation shard {shape}", key=n)
-            for n, shape in planned.items()
-            if n in params and tuple(params[n].shape) != tuple(shape)
-        ]
+        for name, gen in planned.items():
+            if name not in params:
+                continue
+            if tuple(params[name].shape) != tuple(gen.shape):
+                problems.append(
+                    Problem(
+                        f"rollout parameter shape {tuple(params[name].shape)} != generation shard {gen.shape}",
+                        key=name,
+                    )
+                )
+            if dtype_name(params[name].dtype) != gen.dtype:
+                problems.append(
+                    Problem(f"rollout parameter dtype {params[name].dtype} != planned {gen.dtype}", key=name)
+                )
         if problems:
             raise ConfigError(problems)
         self._params = dict(params)
         self.wake()
 
     def wake(self) -> None:
-        """Allocate the buffer (if asleep) and point every bound parameter at its view. A fresh buffer's
+        """Allocate the buffers (if asleep) and point every bound parameter at its view. A fresh buffer's
         contents are undefined until the next sync writes it (the RL step syncs before generating)."""
-        if self.flat is None:
-            self.flat = torch.empty(self.numel, dtype=self.dtype, device=self.device)
+        if self.flats is None:
+            self.flats = {
+                dtype: torch.empty(numel, dtype=getattr(torch, dtype), device=self.device)
+                for dtype, numel in self.numels.items()
+            }
         views = self.views()
         for name, param in self._params.items():
             param.data = views[name]
 
     def sleep(self) -> None:
-        """Free the buffer; bound parameters become empty until the next `wake()` (their weights are
+        """Free the buffers; bound parameters become empty until the next `wake()` (their weights are
         stale anyway: the next sync rewrites every element)."""
-        empty = torch.empty(0, dtype=self.dtype, device=self.device)
         for param in self._params.values():
-            param.data = empty
-        self.flat = None
+            param.data = torch.empty(0, dtype=param.dtype, device=self.device)
+        self.flats = None
 
-    def fill_stream(self, stream: str, source: Callable[[int], torch.Tensor]) -> int:
-        """Write the generation tensors made of `stream`'s pieces; `source(member)` is that member's flat
-        stream (a view of a staging buffer, a received buffer or the own training shards)."""
+    def fill_stream(self, stream: str, piece_of: PieceSource) -> int:
+        """Write the generation tensors made of `stream`'s pieces; `piece_of(piece)` is that piece's data
+        (a view of a staging buffer, a received buffer or the own training parameters)."""
         views = self.views()
-        gens = [gen for gen in self.plan.gen if gen.pieces[0].stream == stream]
+        gens = [gen for gen in self.plan.gen if gen.stream == stream]
         for gen in gens:
-            assemble(gen, lambda _stream, member: source(member), out=views[gen.name])
+            assemble(gen, piece_of, out=views[gen.name])
         return len(gens)

@@ -52,7 +52,8 @@ class NaiveEngine:
         self.params: dict[str, torch.Tensor] = {}
         self.meter = BufferMeter()
 
-    def bind(self, params: Mapping[str, torch.Tensor]) -> None:
+    def attach(self, params: Mapping[str, torch.Tensor]) -> None:
+        """Read the training shards from `params` at each transition (never copied ahead, never repointed)."""
         self.params = dict(params)
 
     def to_generation(self) -> NaiveGenerationShard:
@@ -74,8 +75,9 @@ class NaiveEngine:
         """The full tensor on every rank of the TP×PP block; True when it was allocated here."""
         layout = self.plan.layout
         sample = next(iter(self.params.values()))
+        dtype = getattr(torch, meta.dtype)
         if meta.stage != self.pp:
-            full, allocated = self.meter.alloc(meta.numel, sample.dtype, sample.device).view(meta.shape), True
+            full, allocated = self.meter.alloc(meta.numel, dtype, sample.device).view(meta.shape), True
         elif meta.split is Split.REPLICATED or layout.tensor == 1:
             full, allocated = self.params[meta.name].detach(), False
         else:

@@ -11,6 +11,10 @@ Split kinds (megatron-core column/row parallel linear layers; docs/FACTS.md "meg
   GATE_UP    `linear_fc1` [gate; up]: TP shard r is [gate_r; up_r] (gate and up cut separately)
   ROW        dim 1 cut into t contiguous chunks (row-parallel)
   REPLICATED every TP rank holds the whole tensor (norms)
+
+Each parameter carries its dtype: a model may keep some parameters in another dtype than its matrices
+(fp32 norms or MoE routers beside bf16 weights; hpcrl's dense models are one dtype, hpcrl.train.model.
+cast_to_model_dtype); the planner keeps one stream per dtype (hpcrl.reshard.planner).
 """
 
 from __future__ import annotations
@@ -21,6 +25,14 @@ from dataclasses import dataclass
 import torch
 
 from hpcrl.errors import ConfigError, Problem
+
+ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
+"""Bytes per element of every dtype a parameter may have (torch dtype names)."""
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """ "bfloat16" for torch.bfloat16: the names ParamMeta and ModelConfig.dtype use."""
+    return str(dtype).removeprefix("torch.")
 
 
 class Split(enum.Enum):
@@ -52,6 +64,8 @@ class ParamMeta:
     """Training pipeline stage that holds it."""
     groups: int = 0
     """QKV only: number of query groups NG (kv heads)."""
+    dtype: str = "float32"
+    """torch dtype name of the parameter (one of ITEMSIZE)."""
 
     @property
     def numel(self) -> int:
@@ -139,9 +153,14 @@ def gather_shards(shards: list[torch.Tensor], meta: ParamMeta) -> torch.Tensor:
     return torch.cat(shards, dim=dim)
 
 
-def gpt_param_metas(model, pipeline: int = 1) -> list[ParamMeta]:
+def gpt_param_metas(
+    model, pipeline: int = 1, *, dtype: str = "float32", norm_dtype: str | None = None
+) -> list[ParamMeta]:
     """Metadata of every parameter of a megatron-core GPTModel built from a ModelConfig (local spec,
     RMSNorm, SwiGLU, no linear biases except optional q/k/v bias), layers split evenly over stages.
+
+    `dtype`: of the matrices, embeddings and biases (megatron's params_dtype); `norm_dtype`: of the norms
+    (None: `dtype`, as hpcrl builds its models).
 
     With tied embeddings there is no output layer entry: at p = 1 megatron has none, and at p > 1 the last
     stage's copy of the embedding is not resharded (HF/vLLM tie lm_head to embed_tokens), matching
@@ -159,34 +178,38 @@ def gpt_param_metas(model, pipeline: int = 1) -> list[ParamMeta]:
         )
     per_stage = model.num_layers // pipeline
     qkv_rows = (nh + 2 * ng) * hd
-    metas = [ParamMeta("embedding.word_embeddings.weight", (v, h), Split.VOCAB, 0)]
+    norm_dtype = norm_dtype or dtype
+
+    def meta(name: str, shape: tuple[int, ...], split: Split, stage: int, groups: int = 0) -> ParamMeta:
+        kind_dtype = norm_dtype if split is Split.REPLICATED else dtype
+        return ParamMeta(name, shape, split, stage, groups, kind_dtype)
+
+    metas = [meta("embedding.word_embeddings.weight", (v, h), Split.VOCAB, 0)]
     for i in range(model.num_layers):
         stage, prefix = i // per_stage, f"decoder.layers.{i}."
         metas += [
-            ParamMeta(prefix + "input_layernorm.weight", (h,), Split.REPLICATED, stage),
-            ParamMeta(prefix + "self_attention.linear_qkv.weight", (qkv_rows, h), Split.QKV, stage, ng),
+            meta(prefix + "input_layernorm.weight", (h,), Split.REPLICATED, stage),
+            meta(prefix + "self_attention.linear_qkv.weight", (qkv_rows, h), Split.QKV, stage, ng),
         ]
         if model.qkv_bias:
-            metas.append(
-                ParamMeta(prefix + "self_attention.linear_qkv.bias", (qkv_rows,), Split.QKV, stage, ng)
-            )
+            metas.append(meta(prefix + "self_attention.linear_qkv.bias", (qkv_rows,), Split.QKV, stage, ng))
         metas += [
-            ParamMeta(prefix + "self_attention.linear_proj.weight", (h, nh * hd), Split.ROW, stage),
-            ParamMeta(prefix + "pre_mlp_layernorm.weight", (h,), Split.REPLICATED, stage),
-            ParamMeta(prefix + "mlp.linear_fc1.weight", (2 * f, h), Split.GATE_UP, stage),
-            ParamMeta(prefix + "mlp.linear_fc2.weight", (h, f), Split.ROW, stage),
+            meta(prefix + "self_attention.linear_proj.weight", (h, nh * hd), Split.ROW, stage),
+            meta(prefix + "pre_mlp_layernorm.weight", (h,), Split.REPLICATED, stage),
+            meta(prefix + "mlp.linear_fc1.weight", (2 * f, h), Split.GATE_UP, stage),
+            meta(prefix + "mlp.linear_fc2.weight", (h, f), Split.ROW, stage),
         ]
     last = pipeline - 1
-    metas.append(ParamMeta("decoder.final_layernorm.weight", (h,), Split.REPLICATED, last))
+    metas.append(meta("decoder.final_layernorm.weight", (h,), Split.REPLICATED, last))
     if not model.tie_word_embeddings:
-        metas.append(ParamMeta("output_layer.weight", (v, h), Split.VOCAB, last))
+        metas.append(meta("output_layer.weight", (v, h), Split.VOCAB, last))
     return metas
 
 
-def split_bytes_per_rank(metas: list[ParamMeta], tensor: int, pipeline: int, itemsize: int) -> int | None:
+def split_bytes_per_rank(metas: list[ParamMeta], tensor: int, pipeline: int) -> int | None:
     """M_split/(t·p) when every stage holds the same split bytes (the formula's assumption), else None."""
     per_stage = [0] * pipeline
     for meta in metas:
         if meta.split is not Split.REPLICATED:
-            per_stage[meta.stage] += meta.shard_numel(tensor) * itemsize
+            per_stage[meta.stage] += meta.shard_numel(tensor) * ITEMSIZE[meta.dtype]
     return per_stage[0] if len(set(per_stage)) == 1 else None

@@ -219,8 +219,14 @@ def _build_actor_and_rollout(cfg: ExperimentConfig, tokenizer, pool: Pool, group
         return actor, RolloutWorker(None, Shards(-1, 1), world_group, tokenizer.pad_token_id)
     trainer = build_policy_trainer(cfg.model, cfg.optim, groups, temperature=_temperature(cfg))
     model_cfg = trainer.model_cfg  # read from the HF directory when model.hf_path is set
-    reshard = build_reshard_engine(model_cfg, layout, rank=rank, groups=reshard_groups)
-    reshard.bind(dict(named_global_params(trainer.model, model_cfg, groups)))
+    params = dict(named_global_params(trainer.model, model_cfg, groups))  # read in place, never moved
+    reshard = build_reshard_engine(
+        model_cfg, layout, params, rank=rank, groups=reshard_groups, bucket_bytes=_bucket_bytes(p)
+    )
+
+    def written() -> dict:  # the weights as the optimizer wrote them (hpcrl.train.update.written_view)
+        return {name: trainer.update_step.written_view(param) for name, param in params.items()}
+
     side = build_rollout_side(
         engine_name,
         cfg.rollout,
@@ -230,6 +236,7 @@ def _build_actor_and_rollout(cfg: ExperimentConfig, tokenizer, pool: Pool, group
         reshard,
         generation_groups,
         (tokenizer.pad_token_id, tokenizer.eos_token_id),
+        written=written if p.verify_weight_sync else None,
     )
     actor = ActorWorker(trainer, side.handoff, mbs, pool)
     shards = Shards(layout.rollout_coords(rank).data, layout.rollout_data)
@@ -241,6 +248,10 @@ def _build_actor_and_rollout(cfg: ExperimentConfig, tokenizer, pool: Pool, group
         sleep=side.sleep,
         max_num_seqs=None if engine_name == "vllm" else cfg.rollout.max_num_seqs,  # vLLM schedules its own
     )
+
+
+def _bucket_bytes(p) -> int:
+    return max(1, int(p.reshard_bucket_mb * 2**20))
 
 
 def _build_model_pool(cfg: ExperimentConfig, pool: Pool, groups):

@@ -26,9 +26,9 @@ from hpcrl.distributed.groups import new_group
 from hpcrl.distributed.layout import ParallelLayout
 from hpcrl.errors import Problem
 from hpcrl.experiment.config import ExperimentConfig
+from hpcrl.reshard.build import model_param_metas
 from hpcrl.reshard.cross_pool import plan_cross_pool
 from hpcrl.reshard.cross_pool_transfer import CrossPoolTransfer
-from hpcrl.reshard.params import gpt_param_metas
 from hpcrl.rl.async_channel import BatchChannel
 from hpcrl.rl.async_driver import AsyncRolloutDriver, AsyncTrainDriver
 from hpcrl.rl.async_weights import DoubleBufferedWeights, WeightSender
@@ -38,7 +38,6 @@ from hpcrl.rl.workers import ActorWorker, Pool, RolloutWorker, Shards, TrainerWo
 from hpcrl.rollout.factory import build_rollout_engine
 from hpcrl.rollout.megatron_engine import MegatronRolloutEngine
 from hpcrl.train.config import ModelConfig
-from hpcrl.train.hf_convert import model_config_from_hf
 from hpcrl.train.model import build_train_groups, named_global_params
 from hpcrl.train.trainer import build_policy_trainer, build_value_trainer
 
@@ -100,20 +99,6 @@ def async_placement_problems(cfg: ExperimentConfig, world: int) -> list[Problem]
     return problems
 
 
-def resolved_model_config(model: ModelConfig) -> ModelConfig:
-    """The model's dimensions as the trainer will build it: from the HF directory's config.json when
-    `model.hf_path` is set (keeping the run's dtype and init seed), else the config as written. Both pools
-    plan the transfer from it before any model exists."""
-    if model.hf_path is None:
-        return model
-    from transformers import AutoConfig  # the HF directory's config.json, only for a model.hf_path run
-
-    hf_config = AutoConfig.from_pretrained(model.hf_path, local_files_only=True)
-    return model_config_from_hf(
-        hf_config, hf_path=model.hf_path, dtype=model.dtype, init_seed=model.init_seed
-    )
-
-
 @dataclass
 class AsyncGroups:
     """This rank's process groups of the async placement (None where it is outside)."""
@@ -145,7 +130,7 @@ class AsyncGroups:
         gather = new_group(pools.rollout_ranks, timeout) if pools.rollout.size > 1 else None
         channel = new_group([pools.rollout.start, *pools.train_ranks], timeout)
         plan = plan_cross_pool(
-            gpt_param_metas(model_cfg, pipeline=tl.pipeline),
+            model_param_metas(model_cfg, tl.pipeline),
             train=tl,
             train_ranks=pools.train_ranks,
             gen=gl,
@@ -160,10 +145,6 @@ class AsyncGroups:
             channel=channel if rank in pools.train or rank == pools.rollout.start else None,
             transfer=transfer,
         )
-
-
-def _torch_dtype(model_cfg: ModelConfig) -> torch.dtype:
-    return getattr(torch, model_cfg.dtype)
 
 
 def build_training_side(cfg: ExperimentConfig, groups: AsyncGroups, tokenizer):
@@ -210,7 +191,7 @@ def build_rollout_side(
         if torch.cuda.is_available()
         else torch.device("cpu")
     )
-    back = groups.transfer.allocate(_torch_dtype(model_cfg), device)
+    back = groups.transfer.allocate(device=device)
     load = shard_loader(engine_name, engine, pools.gen_layout, local, model_cfg)
     coords = pools.gen_layout.rollout_coords(local)
     rollout = RolloutWorker(
@@ -236,7 +217,7 @@ def build_async_driver(
     dataflow (hpcrl.rl.assemble.core_driver) over this rank's workers. Collective: every rank calls it
     (the groups, then each pool's models)."""
     pools = AsyncPools.for_config(cfg)
-    model_cfg = resolved_model_config(cfg.model)
+    model_cfg = cfg.model  # resolved from model.hf_path's config.json by hpcrl.rl.job.enter_rank
     groups = AsyncGroups.build(cfg, pools, engine_name, model_cfg, rank)
     m = cfg.algorithm.max_off_policy_steps
     channel = BatchChannel(groups.channel, pools.rollout.start) if groups.channel is not None else None

@@ -226,7 +226,7 @@ def main(cfg: ExperimentConfig, run_dir: Path, lifecycle: Lifecycle | None = Non
     Checkpoints like the RL job (hpcrl.rl.checkpointing): the policy ("actor." shards, AdamW state), the
     pair cursor and RNG states; resume=auto continues from `latest` with every step logged once."""
 
-    rank, _ = enter_rank(cfg, run_dir, dpo_problems)
+    cfg, rank, _ = enter_rank(cfg, run_dir, dpo_problems)
     run_dir = Path(run_dir)
     seed_rngs(cfg.seed)
     start = time.perf_counter()

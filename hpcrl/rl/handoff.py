@@ -13,13 +13,15 @@ HybridFlow's colocated actor switches train -> rollout through the 3D-HybridEngi
 loads the shards it receives from the training pool through it too (hpcrl.rl.async_weights).
 
 Each hand-off returns its metrics from the reshard's counting transport (this rank's bytes received and
-collectives of that one transition), which the driver logs every step. `sleep` frees the rollout's
+collectives of that one transition), which the driver logs every step. With `written` (the
+`parallel.verify_weight_sync` check) each transition is also checked against the optimizer's own view
+of the weights (`HybridEngine.verify`): the rollout must get what the last update wrote. `sleep` frees the rollout's
 memory between generation and training (generation store; vLLM's `sleep(level=1)` on CUDA).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -39,14 +41,21 @@ class ReshardHandoff:
     """train -> rollout through the reshard engine, once per weight sync; returns this rank's metrics.
 
     `deliver(shard) -> tensors` consumes a generation shard between `to_generation` and `to_training`;
-    with `store` instead, the engine gathers straight into that GenerationStore (`gather_into`)."""
+    with `store` instead, the engine gathers straight into that GenerationStore (`gather_into`).
+    `written() -> {name: tensor}`: the weights as the optimizer wrote them; when given, every transition
+    is verified against them (WeightSyncMismatch names the parameter that differs)."""
 
     def __init__(
-        self, engine, deliver: Callable[[object], int] | None = None, store: GenerationStore | None = None
+        self,
+        engine,
+        deliver: Callable[[object], int] | None = None,
+        store: GenerationStore | None = None,
+        written: Callable[[], Mapping[str, torch.Tensor]] | None = None,
     ):
         if (deliver is None) == (store is None):
             raise ValueError("give exactly one of deliver and store")
-        self.engine, self.deliver, self.store = engine, deliver, store
+        self.engine, self.deliver, self.store, self.written = engine, deliver, store, written
+        engine.record_reads = written is not None
 
     def _transition(self) -> int:
         if self.store is not None:
@@ -61,11 +70,15 @@ class ReshardHandoff:
         before = self.engine.transport.total()
         tensors = self._transition()
         after = self.engine.transport.total()
-        return {
+        metrics = {
             "reshard/bytes_received": float(after.bytes_received - before.bytes_received),
             "reshard/collectives": float(after.calls - before.calls),
             "reshard/tensors": float(tensors),
         }
+        if self.written is not None:
+            metrics["reshard/verified_params"] = float(self.engine.verify(self.written()))
+            metrics["reshard/read_checksum"] = self.engine.read_checksum()
+        return metrics
 
 
 @dataclass
@@ -87,30 +100,33 @@ def build_rollout_side(
     reshard,
     generation_groups,
     tokens: tuple[int, int],
+    *,
+    written: Callable[[], Mapping[str, torch.Tensor]] | None = None,
 ) -> RolloutSide:
     """Compose the rollout engine `engine_name` with the reshard engine `reshard` of this rank.
 
     `generation_groups`: megatron groups at the generation layout (hpcrl.train.model.
     build_generation_groups; used by the megatron engine only). `tokens` = (pad_id, eos_id).
+    `written`: verify every hand-off against these weights (see ReshardHandoff).
     """
     if engine_name == "megatron":
-        return _megatron_side(rollout_cfg, model_cfg, reshard, generation_groups, tokens)
+        engine = MegatronRolloutEngine.build(model_cfg, generation_groups, *tokens)
+        store = GenerationStore.for_engine(reshard)
+        store.bind(engine.global_params())
+
+        def sleep() -> None:
+            store.sleep()
+            reshard.release_staging()
+
+        handoff = ReshardHandoff(reshard, store=store, written=written)
+        return RolloutSide(engine, handoff, sleep if _sleeps(rollout_cfg) else None)
     if engine_name == "vllm" and layout.rollout_tensor > 1:
-        return _vllm_spmd_side(rollout_cfg, model_cfg, layout, rank, reshard, tokens)
-    return _whole_model_side(rollout_cfg, model_cfg, layout, rank, reshard, tokens)
-
-
-def _megatron_side(rollout_cfg, model_cfg, reshard, generation_groups, tokens) -> RolloutSide:
-    """megatron-core at the generation layout; its parameters are views of the store the reshard fills."""
-    engine = MegatronRolloutEngine.build(model_cfg, generation_groups, *tokens)
-    store = GenerationStore.for_engine(reshard)
-    store.bind(engine.global_params())
-
-    def sleep() -> None:
-        store.sleep()
-        reshard.release_staging()
-
-    return RolloutSide(engine, ReshardHandoff(reshard, store=store), sleep if _sleeps(rollout_cfg) else None)
+        engine = _vllm_spmd_engine(rollout_cfg, model_cfg, layout, tokens)
+    else:  # hf, or vllm at t_g = 1: the generation shard converted to HF names and copied in
+        engine = build_rollout_engine(rollout_cfg, model_cfg, *tokens)
+    deliver = shard_loader(engine_name, engine, layout, rank, model_cfg)
+    sleep = getattr(engine, "sleep", None) if _sleeps(rollout_cfg) else None
+    return RolloutSide(engine, ReshardHandoff(reshard, deliver, written=written), sleep)
 
 
 def shard_loader(
@@ -140,32 +156,19 @@ def shard_loader(
     return load
 
 
-def _whole_model_side(rollout_cfg, model_cfg, layout, rank, reshard, tokens) -> RolloutSide:
-    """hf, or vllm at t_g = 1: the generation shard converted to HF names and copied in."""
-    engine = build_rollout_engine(rollout_cfg, model_cfg, *tokens)
-    deliver = shard_loader("hf", engine, layout, rank, model_cfg)
-    sleep = getattr(engine, "sleep", None) if _sleeps(rollout_cfg) else None
-    return RolloutSide(engine, ReshardHandoff(reshard, deliver), sleep)
-
-
-def _vllm_spmd_side(rollout_cfg, model_cfg, layout, rank, reshard, tokens) -> RolloutSide:
+def _vllm_spmd_engine(rollout_cfg, model_cfg, layout, tokens):
     """vLLM tensor-parallel over HybridFlow's strided generation TP groups; each rank pushes only its own
     generation-TP shard (HF names, sliced as vLLM's loader slices the full tensor for that TP rank)."""
     from hpcrl.rollout.vllm_spmd import VLLMSpmdEngine  # imports vllm: only when the engine is chosen
 
     pad_id, eos_id = tokens
-    engine = VLLMSpmdEngine(
+    return VLLMSpmdEngine(
         model_cfg.hf_path,
         rollout_cfg,
         eos_id,
         tensor_groups=layout.rollout_tensor_groups(),
         pad_id=pad_id,
         dtype=model_cfg.dtype,
-    )
-
-    deliver = shard_loader("vllm", engine, layout, rank, model_cfg)
-    return RolloutSide(
-        engine, ReshardHandoff(reshard, deliver), engine.sleep if _sleeps(rollout_cfg) else None
     )
 
 

@@ -8,6 +8,7 @@ progress bar, reward.png).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -25,6 +26,7 @@ from hpcrl.lifecycle import Lifecycle
 from hpcrl.rl.assemble import build_job, placement_problems, rollout_engine_problems, training_world
 from hpcrl.rl.checkpointing import rl_trainers, run_steps
 from hpcrl.rollout.engine_rule import EngineFacts
+from hpcrl.train.hf_config import with_hf_architecture
 
 log = logging.getLogger(__name__)
 
@@ -76,11 +78,17 @@ def step_sleep_s() -> float:
 
 def enter_rank(
     cfg: ExperimentConfig, run_dir: Path, problems_of: Callable[[ExperimentConfig, int], list[Problem]]
-) -> tuple[int, int]:
-    """(rank, world) of an entrypoint, after its config rules pass (else ConfigError with all problems,
-    before any work); rank 0 creates the run dir and prints where the metrics go."""
+) -> tuple[ExperimentConfig, int, int]:
+    """(config, rank, world) of an entrypoint, after its config rules pass (else ConfigError with all
+    problems, before any work); rank 0 creates the run dir and prints where the metrics go.
+
+    The config comes back with its model resolved: the architecture read from `model.hf_path`'s
+    config.json where the template left it out (hpcrl.train.hf_config.with_hf_architecture, the same
+    function `expand` checks with), so every rule and every builder on the rank sees the model's real
+    dimensions, never None."""
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
+    cfg = dataclasses.replace(cfg, model=with_hf_architecture(cfg.model))
     problems = problems_of(cfg, world)
     if problems:
         raise ConfigError(problems)
@@ -88,7 +96,7 @@ def enter_rank(
         run_dir = Path(run_dir).resolve()
         run_dir.mkdir(parents=True, exist_ok=True)
         print(f"hpcrl: run dir {run_dir}  metrics -> {run_dir / 'metrics.jsonl'}", flush=True)
-    return rank, world
+    return cfg, rank, world
 
 
 def main(cfg: ExperimentConfig, run_dir: Path, lifecycle: Lifecycle | None = None) -> dict:
@@ -96,7 +104,7 @@ def main(cfg: ExperimentConfig, run_dir: Path, lifecycle: Lifecycle | None = Non
     `lifecycle`: the wrapper's (hpcrl.launcher.element), whose signals the save trigger reads; a direct
     call (tests) gets an inert one."""
 
-    rank, world = enter_rank(cfg, run_dir, config_problems)
+    cfg, rank, world = enter_rank(cfg, run_dir, config_problems)
     run_dir = Path(run_dir)
     seed_rngs(cfg.seed)
     start = time.perf_counter()

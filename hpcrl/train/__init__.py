@@ -3,7 +3,7 @@
 | file                | role                                                                            |
 |---------------------|---------------------------------------------------------------------------------|
 | config.py           | ModelConfig, OptimizerConfig                                                    |
-| megatron_compat.py  | the ONE CPU compatibility layer for megatron-core 0.16.1 (`enable()`; no-op with CUDA) |
+| megatron_compat.py  | the ONE CPU compatibility layer for megatron-core 0.16.1 (`enable()`, `enable_optimizer()`; no-op with CUDA) |
 | model.py            | TrainGroups (explicit process groups, rank = tp + t*(pp + p*dp)), GPTModel build, load/gather |
 | hf_convert.py       | Megatron <-> HF (Llama/Qwen2) configs, state dicts, per-tensor TP shard rules    |
 | hf_config.py        | HF config.json -> ModelConfig (the one key map; untrusted-file reader, checks)  |
@@ -11,6 +11,9 @@
 | batch.py            | TrainBatch: ids, masks, extras, global normalisation counts                     |
 | pipeline.py         | one micro-batch through the pipeline stages (p2p), forward and backward         |
 | optimizer.py        | AdamW; fp32 master weights + fp32 grads/states for bf16/fp16 params (Micikevicius 2018 §3.1) |
+| update.py           | UpdateStep protocol (owner of the parameters' storage) and the backend choice  |
+| megatron_optimizer.py | MegatronUpdate: megatron-core DDP + distributed optimizer (CUDA; CPU via megatron_compat) |
+| loss_scale.py       | fp16 dynamic loss scale                                                          |
 | trainer.py          | Trainer: forward() and update(batch, loss_fn); build_policy_trainer / build_value_trainer |
 """
 
@@ -28,3 +31,10 @@ for _message in (
 # megatron's TP logits gather (`runtime_gather_output`, the generation model) still calls
 # all_gather_into_tensor, which torch 2.13 deprecates in favour of all_gather_single: megatron's to change.
 warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor` is deprecated", category=FutureWarning)
+# The same for its distributed optimizer's grad reduce-scatter (reduce_scatter_tensor -> _single).
+warnings.filterwarnings("ignore", message=r".*reduce_scatter_tensor` is deprecated", category=FutureWarning)
+# megatron's optimizer `zero_grad` probes `.grad` on its fp32 shard views (optimizer.py `_zero_grad_group_helper`),
+# which torch flags for non-leaf tensors; those views never carry grads, megatron's main_grad does.
+warnings.filterwarnings(
+    "ignore", message=r"The \.grad attribute of a Tensor that is not a leaf Tensor", category=UserWarning
+)

@@ -105,7 +105,14 @@ class OptimizerConfig:
     """Sequences per forward/backward on one DP rank; gradients accumulate over micro-batches."""
     backend: Literal["auto", "torch", "megatron"] = "auto"
     """Who syncs grads and steps: "megatron" = megatron-core DDP + distributed optimizer (fp32 masters
-    and Adam moments sharded over DP; CUDA only), "torch" = hpcrl's DP all-reduce + torch AdamW with
-    unsharded fp32 masters (any device), "auto" = megatron with CUDA, else torch."""
+    and Adam moments sharded over DP; on CUDA, or on CPU through hpcrl's compatibility layer, as
+    `hpcrl rehearse` runs a GPU recipe), "torch" = hpcrl's DP all-reduce + torch AdamW with unsharded
+    fp32 masters (any device), "auto" = megatron with CUDA, else torch."""
     overlap_grad_reduce: bool = True
     """megatron backend: start the bucketed grad reduce-scatter during the last micro-batch's backward."""
+
+    def resolved_backend(self, cuda: bool) -> str:
+        """ "torch" or "megatron" on a machine with (`cuda`) or without CUDA: `auto` decided."""
+        if self.backend != "auto":
+            return self.backend
+        return "megatron" if cuda else "torch"

@@ -28,18 +28,33 @@ Patches (each one is listed in `applied_patches()` once active):
    Installed by replacing `megatron.core.tensor_parallel.random.CudaRNGStatesTracker` (the class
    `initialize_rng_tracker` instantiates) and resetting an already-built tracker.
 
-Not patched here (hpcrl avoids these paths on CPU instead of patching them, see hpcrl.train.trainer):
-megatron's DDP, `get_megatron_optimizer`, `clip_grads` and the pipeline schedules (`device="cuda"`
-string literals); the tied-embedding init sync across pipeline stages (`weight.data.cuda()`), which
+`enable_optimizer()` adds, for the megatron update backend (`optim.backend: megatron`) on CPU, which
+`hpcrl rehearse` and the CPU tests use to run a GPU recipe's training path as it is:
+
+4. `torch.tensor` / `torch.zeros` as megatron's optimizer modules see them -> the `device=` argument
+   dropped. Why: `optimizer.py`, `distrib_optimizer.py`, `grad_scaler.py`, `clip_grads.py` and
+   `megatron/core/utils.py` allocate their bookkeeping scalars (found-inf flag, loss scale, grad norm)
+   with the string literal `device='cuda'`; on CPU those scalars belong where the parameters are. Only
+   those modules' name `torch` is rebound, to a proxy that forwards everything else to torch.
+5. `torch.Tensor.type()` (no arguments) -> the CUDA type name, for calls made from
+   `megatron.core.optimizer` only. Why: the optimizer sorts parameters into fp16/bf16/fp32 groups by
+   `param.type() == 'torch.cuda.BFloat16Tensor'` and asserts `'torch.cuda.FloatTensor'`; the dtype is what
+   it means. Every other caller (the caller's module is read off its frame) gets torch's own answer.
+Everything else in that path is megatron's real code: DDP's contiguous param and grad buffers, the
+bucketed reduce-scatter / all-gather over gloo, the sharded Adam step, the fp16 grad scaler.
+
+Not patched (hpcrl avoids these paths instead): the pipeline schedules (`device="cuda"` in the token
+counter); the tied-embedding init sync across pipeline stages (`weight.data.cuda()`), which
 hpcrl.train.model performs itself over the embedding group.
 
-Public: `enable() -> bool`, `is_active() -> bool`, `applied_patches() -> tuple[str, ...]`,
-`CpuRNGStatesTracker`.
+Public: `enable() -> bool`, `enable_optimizer() -> bool`, `is_active() -> bool`,
+`applied_patches() -> tuple[str, ...]`, `CpuRNGStatesTracker`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 
 import torch
@@ -118,6 +133,59 @@ def enable() -> bool:
     if mrandom._CUDA_RNG_STATE_TRACKER is not None:  # built before enable(): rebuild as CPU tracker
         mrandom._CUDA_RNG_STATE_TRACKER = CpuRNGStatesTracker()
     _APPLIED.append("megatron.tensor_parallel.random.CudaRNGStatesTracker->CpuRNGStatesTracker")
+    return True
+
+
+class _TorchWithoutDevice:
+    """`torch` as megatron's optimizer modules see it on CPU: tensor()/zeros() ignore `device=`."""
+
+    def __getattr__(self, name: str):
+        return getattr(torch, name)
+
+    @staticmethod
+    def tensor(*args, device=None, **kwargs):  # noqa: ARG004 - megatron passes 'cuda' literally
+        return torch.tensor(*args, **kwargs)
+
+    @staticmethod
+    def zeros(*args, device=None, **kwargs):  # noqa: ARG004
+        return torch.zeros(*args, **kwargs)
+
+
+_OPTIMIZER_MODULES = (
+    "megatron.core.optimizer.clip_grads",
+    "megatron.core.optimizer.distrib_optimizer",
+    "megatron.core.optimizer.grad_scaler",
+    "megatron.core.optimizer.optimizer",
+    "megatron.core.utils",
+)
+
+
+def _type_for_megatron_optimizer(real_type):
+    def tensor_type(self, *args, **kwargs):
+        name = real_type(self, *args, **kwargs)
+        if args or kwargs or self.is_cuda:
+            return name
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        return (
+            name.replace("torch.", "torch.cuda.", 1) if caller.startswith("megatron.core.optimizer") else name
+        )
+
+    return tensor_type
+
+
+def enable_optimizer() -> bool:
+    """`enable()` plus patches 4 and 5 (megatron's optimizer on CPU); True when they are (now) active.
+    Idempotent; with CUDA it patches nothing and returns False."""
+    import importlib
+
+    if not enable():
+        return False
+    if "megatron.core.optimizer->cpu" in _APPLIED:
+        return True
+    for name in _OPTIMIZER_MODULES:
+        importlib.import_module(name).torch = _TorchWithoutDevice()
+    torch.Tensor.type = _type_for_megatron_optimizer(torch.Tensor.type)
+    _APPLIED.append("megatron.core.optimizer->cpu")
     return True
 
 

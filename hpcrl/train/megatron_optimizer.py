@@ -14,11 +14,17 @@ What megatron gives here (what a Megatron user expects from `--use-distributed-o
 - fp16: megatron's dynamic grad scaler (loss x scale before backward, unscale + inf check, skip and
   back off on overflow; Micikevicius et al. 2018 §3.2).
 
-Why GPU only: megatron-core's optimizer allocates with the string literal `device='cuda'` and checks
+On CPU: megatron-core's optimizer allocates with the string literal `device='cuda'` and checks
 `param.type() == 'torch.cuda.FloatTensor'` (optimizer.py, distrib_optimizer.py, clip_grads.py; see
-docs/FACTS.md), which no CPU mapping reaches. Its DDP runs on CPU (gloo) with hpcrl's compat shim,
-and tests/train/test_megatron_ddp.py checks the grad sync there; the optimizer half runs on CUDA, and in
-that test file on CPU only with megatron's CUDA device strings faked. `resolve_backend` picks this path on CUDA ("auto") and refuses it without.
+docs/FACTS.md). `hpcrl.train.megatron_compat.enable_optimizer()` (called here, inert with CUDA) maps
+exactly those to CPU, so the same DDP + distributed optimizer code runs over gloo: what
+`hpcrl rehearse` runs for a GPU recipe, and what the CPU tests compare with the torch backend.
+`resolve_backend` picks this path for "auto" on CUDA; `backend: megatron` picks it anywhere.
+
+Parameter storage: megatron's DDP makes each parameter a view of its contiguous param buffer; the
+optimizer steps its fp32 masters and all-gathers the rounded values into that buffer. `written_view`
+reads a parameter's weights back through the buffer (`param_index_map`), not through `param.data`, so
+a check can tell when something repointed `.data` away from what the optimizer updates.
 
 Implements hpcrl.train.update.UpdateStep, with the same contract as hpcrl.train.optimizer.TorchUpdate: grads are SUMMED over micro-batches and DP (the
 trainer's loss is normalised with global counts; `calculate_per_token_loss=True` in the
@@ -46,6 +52,8 @@ from types import MappingProxyType
 import torch
 import torch.distributed as dist
 
+from hpcrl.errors import ConfigError, Problem
+from hpcrl.train import megatron_compat
 from hpcrl.train.config import ModelConfig, OptimizerConfig
 from hpcrl.train.loss_scale import DynamicLossScale
 from hpcrl.train.model import TrainGroups, is_tied
@@ -99,8 +107,24 @@ class MegatronUpdate:
         from megatron.core.optimizer import OptimizerConfig as MegatronOptimizerConfig
         from megatron.core.optimizer import get_megatron_optimizer
 
+        megatron_compat.enable_optimizer()  # inert with CUDA
+        dtypes = {p.dtype for p in model.parameters()}
+        if len(dtypes) > 1:  # see hpcrl.train.model.cast_to_model_dtype: megatron pairs states wrongly then
+            raise ConfigError(
+                Problem(
+                    f"megatron's distributed optimizer needs one parameter dtype, the model has "
+                    f"{sorted(map(str, dtypes))} (megatron-core 0.16.1 pairs optimizer state with the wrong "
+                    "parameters in a mixed param group)",
+                    key="model.dtype",
+                )
+            )
         self.model, self.groups, self.cfg = model, groups, optim_cfg
         self.ddp = wrap_ddp(model, groups, optim_cfg)
+        self._buffer_spans = {  # param -> (its DDP buffer, start, end): where the optimizer writes it
+            param: (buffer, start, end)
+            for buffer in self.ddp.buffers
+            for param, (start, end, _bucket) in buffer.param_index_map.items()
+        }
         dtype, fp16_scale = model_cfg.dtype, DynamicLossScale()  # one source for the fp16 scale defaults
         self.optimizer = get_megatron_optimizer(
             MegatronOptimizerConfig(
@@ -201,6 +225,11 @@ class MegatronUpdate:
         if self.groups.embd is None or not is_tied(self.model):
             return
         dist.all_reduce(self.model.shared_embedding_or_output_weight().main_grad, group=self.groups.embd)
+
+    def written_view(self, param: torch.nn.Parameter) -> torch.Tensor:
+        """`param`'s weights in DDP's param buffer, where the distributed optimizer all-gathers them."""
+        buffer, start, end = self._buffer_spans[param]
+        return buffer.param_data[start:end].view(param.shape)
 
     # ------------------------------------------------------------------------------- checkpoint state
     @torch.no_grad()

@@ -284,18 +284,38 @@ def transformer_config(cfg: ModelConfig, groups: TrainGroups, *, initialize: boo
     )
 
 
+def _uses_transformer_engine() -> bool:
+    """Whether models are built on Transformer Engine's layer spec (it imports, with CUDA)."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        import transformer_engine  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def _layer_spec():
     """TE spec when Transformer Engine imports with CUDA, else megatron's local (torch) spec."""
     from megatron.core.models.gpt import gpt_layer_specs as specs
 
-    if torch.cuda.is_available():
-        try:
-            import transformer_engine  # noqa: F401
-
-            return specs.get_gpt_layer_with_transformer_engine_spec()
-        except ImportError:
-            pass
+    if _uses_transformer_engine():
+        return specs.get_gpt_layer_with_transformer_engine_spec()
     return specs.get_gpt_layer_local_spec(normalization="RMSNorm")
+
+
+def cast_to_model_dtype(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Every floating parameter in the model's dtype, as megatron's `Float16Module` casts a bf16/fp16
+    model (megatron-LM `get_model`). Why: megatron's local spec builds `torch.nn.RMSNorm` without a dtype
+    (fp32 norms beside bf16 matrices) where TE's norms take `params_dtype`, so the same recipe would be
+    one dtype on one machine and mixed on another; and megatron-core 0.16.1's distributed optimizer pairs
+    optimizer state with the wrong parameters when a param group mixes fp32 and 16-bit parameters
+    (`_build_optimizer_group_ranges` numbers a group's params in buffer order, `_build_model_and_main_
+    param_groups` then puts the fp32 ones first: distrib_optimizer.py:297 vs :441), which corrupts every
+    checkpoint of its state. The fp32 copies live in the optimizer (masters), as megatron intends."""
+    for param in model.parameters():
+        if param.is_floating_point() and param.dtype != dtype:
+            param.data = param.data.to(dtype)
 
 
 class ScalarHead(torch.nn.Linear):
@@ -343,6 +363,7 @@ def build_gpt_model(
     )
     if value_head and groups.is_last_stage:
         model.output_layer = ScalarHead(cfg.hidden_size, 1, bias=False, dtype=_DTYPES[cfg.dtype])
+    cast_to_model_dtype(model, _DTYPES[cfg.dtype])
     if torch.cuda.is_available():
         model = model.cuda()
     if value_head and groups.is_last_stage and groups.tensor > 1:  # replicated: one init for all TP ranks

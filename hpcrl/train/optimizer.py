@@ -228,6 +228,13 @@ class TorchUpdate:
         return master if master is not None else param
 
     @torch.no_grad()
+    def written_view(self, param: torch.nn.Parameter) -> torch.Tensor:
+        """What the step wrote for `param`: its fp32 master rounded to the parameter's dtype (the step's
+        last write, `copy_to_params`, stores exactly that), or the parameter AdamW steps itself."""
+        stepped = self.stepped(param)
+        return stepped.detach() if stepped is param else stepped.detach().to(param.dtype)
+
+    @torch.no_grad()
     def param_state(self, param: torch.nn.Parameter) -> dict[str, torch.Tensor]:
         """Live views: "master" (16-bit params only), the AdamW moments and "step" once it has stepped."""
         stepped = self.stepped(param)

@@ -5,8 +5,14 @@
                -> step(before_step) -> (pre-clip grad norm, stepped)
 
 Two implementations: `TorchUpdate` (hpcrl.train.optimizer; any device, hpcrl's flat DP all-reduce and
-unsharded AdamW) and `MegatronUpdate` (hpcrl.train.megatron_optimizer; CUDA, megatron-core DDP and the
-distributed optimizer). Both SUM grads over micro-batches and DP ranks (the trainer normalises the loss
+unsharded AdamW) and `MegatronUpdate` (hpcrl.train.megatron_optimizer; megatron-core DDP and the
+distributed optimizer: CUDA, or CPU through hpcrl.train.megatron_compat.enable_optimizer, which is how
+`hpcrl rehearse` and the CPU tests run a GPU recipe's update path).
+
+The update step owns the parameters' storage: megatron's DDP makes every parameter a view of its
+contiguous param buffer, which the distributed optimizer steps and all-gathers into; nothing else may
+repoint `.data` (the reshard engine reads the parameters in place). `written_view(param)` is the
+optimizer's own view of what it last wrote, for the weight-sync check (hpcrl.reshard.engine.verify). Both SUM grads over micro-batches and DP ranks (the trainer normalises the loss
 with global counts), count each parameter once in the grad norm and skip a non-finite step on every
 rank. Checkpoints see the optimizer through `param_state` / `load_param_state`: per parameter, whole
 over DP, whatever the backend shards (hpcrl.ckpt.megatron writes it as HDF5 shards).
@@ -20,7 +26,6 @@ from typing import Protocol
 
 import torch
 
-from hpcrl.errors import ConfigError, Problem
 from hpcrl.train.config import ModelConfig, OptimizerConfig
 from hpcrl.train.megatron_optimizer import MegatronUpdate
 from hpcrl.train.model import TrainGroups
@@ -58,20 +63,15 @@ class UpdateStep(Protocol):
     def load_param_state(self, param: torch.nn.Parameter, value: torch.Tensor, state: dict | None) -> None:
         """Set `param` to `value` and its optimizer state to `state` (None: a fresh optimizer)."""
 
+    def written_view(self, param: torch.nn.Parameter) -> torch.Tensor:
+        """`param`'s weights as the optimizer wrote them, read through the optimizer's own reference
+        (not through `param.data`): what the model must hold after every step."""
 
-def resolve_backend(cfg: OptimizerConfig, key: str = "optim.backend") -> str:
-    """ "torch" or "megatron" for this process (auto: megatron when CUDA is available)."""
-    if cfg.backend == "auto":
-        return "megatron" if torch.cuda.is_available() else "torch"
-    if cfg.backend == "megatron" and not torch.cuda.is_available():
-        raise ConfigError(
-            Problem(
-                "megatron's distributed optimizer needs CUDA (it allocates on 'cuda'); "
-                "use backend: torch or auto on CPU",
-                key=key,
-            )
-        )
-    return cfg.backend
+
+def resolve_backend(cfg: OptimizerConfig, cuda: bool | None = None) -> str:
+    """ "torch" or "megatron" (auto: megatron where CUDA is, as on a GPU cluster; torch on CPU).
+    `cuda`: decide as on a machine with (True) or without (False) CUDA; None: this process's."""
+    return cfg.resolved_backend(torch.cuda.is_available() if cuda is None else cuda)
 
 
 def build_update(

@@ -83,15 +83,15 @@ def logits_rank(rank: int, world_size: int) -> dict:
     to_full = ParallelLayout(tensor=2, rollout_tensor=1)
     to_half = ParallelLayout(tensor=2, rollout_tensor=2)
     engine = HybridEngine(
-        plan_rank(to_full, metas, rank, itemsize=4, bucket_bytes=4096),
+        plan_rank(to_full, metas, rank, bucket_bytes=4096),
         CountingTransport(TorchTransport()),
         make_groups(to_full, ("micro_data",)),
     )
     params = dict(named_global_params(model, cfg, groups))
-    engine.bind(params)  # parameters now live in the engine's store; training updates it in place
-    store_before = {k: v.clone() for k, v in engine.store.flat.items()}
+    engine.attach(params)  # read in place at every transition: training updates what it reads
+    before = {k: v.detach().clone() for k, v in params.items()}
     losses = _train(model, cfg, groups, steps=3)
-    trained = any(not torch.equal(store_before[k], engine.store.flat[k]) for k in store_before)
+    trained = any(not torch.equal(before[k], engine.shards.params[k]) for k in before)
 
     tokens = torch.randint(0, cfg.vocab_size, (B, T), generator=torch.Generator().manual_seed(11))
     megatron_logits = _megatron_logits(model, tokens, groups)
@@ -112,10 +112,10 @@ def logits_rank(rank: int, world_size: int) -> dict:
         hf_logits = hf_model(input_ids=tokens).logits
 
     half_engine = HybridEngine(
-        plan_rank(to_half, metas, rank, itemsize=4, bucket_bytes=4096),
+        plan_rank(to_half, metas, rank, bucket_bytes=4096),
         CountingTransport(TorchTransport()),
         {},
-        store=engine.store,
+        shards=engine.shards,
     )
     half_shard = half_engine.to_generation()
     handed_half = rollout_weights(half_shard, to_half, rank, cfg)

@@ -34,6 +34,8 @@ def model_dims(**overrides) -> SimpleNamespace:
         ffn_hidden_size=32,
         qkv_bias=True,
         tie_word_embeddings=False,
+        dtype="float32",
+        norm_dtype="float32",
     )
     dims.update(overrides)
     return SimpleNamespace(**dims)
@@ -44,17 +46,22 @@ def check_pair(
 ) -> dict:
     """Run both engines on this rank; return equality verdicts and counted volumes."""
     rank = dist.get_rank()
-    metas = gpt_param_metas(dims, pipeline=layout.pipeline)
+    metas = dims_metas(dims, layout.pipeline)
     split_of = {m.name: m.split for m in metas}
-    full = {k: v.to(device) for k, v in full_model(metas, dtype=torch.float32, seed=7).items()}
+    full = {k: v.to(device) for k, v in full_model(metas, dtype=None, seed=7).items()}
     tp, pp, _ = layout.train_coords(rank)
     g_tp = layout.rollout_coords(rank).tensor
-    plan = plan_rank(layout, metas, rank, itemsize=4, bucket_bytes=bucket_bytes)
+    plan = plan_rank(layout, metas, rank, bucket_bytes=bucket_bytes)
     out = {
         "layout": layout.describe(),
         "rank": rank,
-        "lower_bound": plan.lower_bound_elements() * 4,
-        "lower_bound_split": plan.lower_bound_elements(SPLIT) * 4,
+        "lower_bound": plan.lower_bound_bytes(),
+        "lower_bound_split": plan.lower_bound_bytes(SPLIT),
+        "streams": [s.name for s in plan.streams],
+        "stream_bounds": {
+            s.name: sum(n * s.itemsize for m, n in enumerate(s.lengths) if m != s.member)
+            for s in plan.streams
+        },
     }
     for kind in ("hybrid", "naive"):
         params = {
@@ -67,7 +74,7 @@ def check_pair(
             if kind == "hybrid"
             else NaiveEngine(plan, metas, transport, groups)
         )
-        engine.bind(params)
+        engine.attach(params)
         ptrs = {n: t.data_ptr() for n, t in params.items()}
         shard = engine.to_generation()
         names, wrong = [], []
@@ -77,10 +84,12 @@ def check_pair(
             if tensor.shape != want.shape or not torch.equal(tensor, want):
                 wrong.append(name)
         in_place = None
-        if kind == "hybrid":
-            store = {s: (t.data_ptr(), t.data_ptr() + t.numel() * 4) for s, t in engine.store.flat.items()}
-            in_place = all(any(lo <= params[n].data_ptr() < hi for lo, hi in store.values()) for n in params)
+        if kind == "hybrid":  # the own pieces of the generation shard are views of the parameters
+            storages = {t.untyped_storage().data_ptr() for t in params.values()}
+            own = [p for g in plan.gen for p in g.pieces if p.member == plan.stream(p.stream).member]
+            in_place = all(shard.piece(p).untyped_storage().data_ptr() in storages for p in own)
             received = shard.received_bytes()
+            per_stream = {s.name: engine.transport.total(s.name).bytes_received for s in plan.streams}
         peak_during = engine.meter.peak
         engine.to_training(shard)
         restored = all(torch.equal(params[n], before[n]) for n in params)
@@ -96,19 +105,29 @@ def check_pair(
             "split": vars(transport.total(SPLIT)),
             "replicated": vars(transport.total(REPLICATED)),
             "received_buffers": received if kind == "hybrid" else None,
+            "per_stream": per_stream if kind == "hybrid" else None,
         }
     out["expected_names"] = [g.name for g in plan.gen]
     return out
 
 
+def dims_metas(dims, pipeline: int):
+    return gpt_param_metas(dims, pipeline=pipeline, dtype=dims.dtype, norm_dtype=dims.norm_dtype)
+
+
 def reshard_pairs_rank(
-    rank: int, world_size: int, pairs: list[tuple], bucket_bytes: int, device: str = "cpu"
+    rank: int,
+    world_size: int,
+    pairs: list[tuple],
+    bucket_bytes: int,
+    device: str = "cpu",
+    dims_overrides: dict | None = None,
 ) -> list[dict | None]:
     """Every layout pair in `pairs` (t, p, d, t_g, p_g) in turn on the first t·p·d ranks of the world."""
     if device == "cuda":
         torch.cuda.set_device(rank % torch.cuda.device_count())
     cache: dict = {}
-    dims = model_dims()
+    dims = model_dims(**(dims_overrides or {}))
     results = []
     for t, p, d, t_g, p_g in pairs:
         layout = ParallelLayout(tensor=t, pipeline=p, data=d, rollout_tensor=t_g, rollout_pipeline=p_g)
@@ -129,7 +148,7 @@ def dying_rank(rank: int, world_size: int, mode: str = "exit") -> None:
     dims = model_dims(num_layers=2)
     metas = gpt_param_metas(dims, pipeline=1)
     full = full_model(metas, dtype=torch.float32, seed=1)
-    plan = plan_rank(layout, metas, rank, itemsize=4, bucket_bytes=1024)
+    plan = plan_rank(layout, metas, rank, bucket_bytes=1024)
     params = {m.name: shard_of(full[m.name], m, rank, 2).clone() for m in metas}
 
     class DieAfterFirst(TorchTransport):
@@ -144,5 +163,5 @@ def dying_rank(rank: int, world_size: int, mode: str = "exit") -> None:
             super().all_gather(output, input, group, tag)
 
     engine = HybridEngine(plan, DieAfterFirst(timeout_s=3.0), groups)
-    engine.bind(params)
+    engine.attach(params)
     engine.to_generation()

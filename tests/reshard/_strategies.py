@@ -55,7 +55,8 @@ def metas_for(draw, layout: ParallelLayout) -> list[ParamMeta]:
             shape = (rows, cols) if draw(st.booleans()) else (rows,)
         else:
             shape = (t * k, cols) if draw(st.booleans()) else (t * k,)
-        metas.append(ParamMeta(f"p{i}.{split.value}", shape, split, stage, groups))
+        dtype = draw(st.sampled_from(["float64", "float32", "bfloat16"]))  # mixed precision: dtype streams
+        metas.append(ParamMeta(f"p{i}.{split.value}", shape, split, stage, groups, dtype))
     return metas
 
 
@@ -77,13 +78,15 @@ def reference_shard(full: torch.Tensor, split: Split, index: int, count: int) ->
 def full_model(
     metas: list[ParamMeta], dtype=torch.float64, seed: int | None = None
 ) -> dict[str, torch.Tensor]:
-    """Distinct values for every element of the model (element ids, or random values with a seed)."""
+    """Distinct values for every element of the model (element ids, or random values with a seed), all
+    of `dtype`, or (dtype None) each of its meta's own dtype."""
     out, base = {}, 0
     gen = torch.Generator().manual_seed(seed) if seed is not None else None
     for meta in metas:
+        kind = dtype or getattr(torch, meta.dtype)
         if gen is None:
-            out[meta.name] = (torch.arange(meta.numel, dtype=dtype) + base).view(meta.shape)
+            out[meta.name] = (torch.arange(meta.numel, dtype=kind) + base).view(meta.shape)
         else:
-            out[meta.name] = torch.randn(meta.shape, generator=gen, dtype=dtype)
+            out[meta.name] = torch.randn(meta.shape, generator=gen, dtype=torch.float64).to(kind)
         base += meta.numel
     return out

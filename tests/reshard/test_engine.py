@@ -6,8 +6,8 @@ import pytest
 
 from hpcrl.distributed.layout import ParallelLayout
 from hpcrl.distributed.spawn import RankFailed, run_ranks
-from hpcrl.reshard.params import gpt_param_metas, split_bytes_per_rank
-from tests.reshard._rank_fns import dying_rank, model_dims, reshard_pairs_rank
+from hpcrl.reshard.params import split_bytes_per_rank
+from tests.reshard._rank_fns import dims_metas, dying_rank, model_dims, reshard_pairs_rank
 
 pytestmark = pytest.mark.dist
 
@@ -29,11 +29,11 @@ def valid_pairs(max_world: int, min_world: int = 2) -> list[tuple[int, int, int,
     ]
 
 
-def _check(results: list, pairs: list) -> None:
-    dims = model_dims()
+def _check(results: list, pairs: list, **dims_overrides) -> None:
+    dims = model_dims(**dims_overrides)
     for i, (t, p, d, t_g, p_g) in enumerate(pairs):
         layout = ParallelLayout(tensor=t, pipeline=p, data=d, rollout_tensor=t_g, rollout_pipeline=p_g)
-        per_rank = split_bytes_per_rank(gpt_param_metas(dims, pipeline=p), t, p, itemsize=4)
+        per_rank = split_bytes_per_rank(dims_metas(dims, p), t, p)
         for rank in range(layout.world_size):
             res = results[rank][i]
             where = f"{layout.describe()} rank {rank}"
@@ -59,12 +59,25 @@ def _check(results: list, pairs: list) -> None:
             assert hybrid["in_place"], where
             assert hybrid["received_buffers"] == res["lower_bound"], where
             assert res["lower_bound"] <= hybrid["peak"] <= res["lower_bound"] + BUCKET, where
+            # each dtype stream meets its own bound (no element converted on the way)
+            assert hybrid["per_stream"] == res["stream_bounds"], where
 
 
 def test_bitwise_volume_and_memory_on_four_ranks():
     """Issue pairs t=4 -> t_g=2 and p=2 -> p_g=1, plus TP+PP merge, a DP copy, PP merge 4 -> 2: one spawn."""
     pairs = [(4, 1, 1, 2, 1), (1, 2, 1, 1, 1), (2, 2, 1, 1, 1), (2, 1, 2, 1, 1), (1, 4, 1, 1, 2)]
     _check(run_ranks(reshard_pairs_rank, 4, pairs, BUCKET), pairs)
+
+
+def test_mixed_precision_model_moves_as_one_stream_per_dtype_each_at_its_bound():
+    """bf16 matrices (and q/k/v bias) beside fp32 norms (megatron's local spec builds its norms so; an MoE
+    router may stay fp32 too): two streams, every generation tensor bitwise in its own dtype, bytes =
+    bound per stream."""
+    pairs = [(4, 1, 1, 2, 1), (2, 2, 1, 1, 1), (1, 4, 1, 1, 2)]
+    mixed = {"dtype": "bfloat16", "norm_dtype": "float32"}
+    results = run_ranks(reshard_pairs_rank, 4, pairs, BUCKET, "cpu", mixed)
+    _check(results, pairs, **mixed)
+    assert results[0][0]["streams"] == ["split.bfloat16", "replicated.float32"]
 
 
 @pytest.mark.slow

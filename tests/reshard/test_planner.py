@@ -22,7 +22,7 @@ def layout_and_model(draw):
 
 def _streams_of_every_rank(layout, metas, plans):
     """What each rank holds: its training shards (reference slicing) laid out as its plan's entries say."""
-    full = full_model(metas)
+    full = full_model(metas, dtype=None)
     split_of = {m.name: m.split for m in metas}
     held = {}
     for rank, plan in enumerate(plans):
@@ -33,7 +33,8 @@ def _streams_of_every_rank(layout, metas, plans):
                 reference_shard(full[e.name], split_of[e.name], tp, layout.tensor).reshape(-1)
                 for e in stream.entries
             ]
-            held[rank][stream.name] = torch.cat(parts) if parts else torch.empty(0, dtype=torch.float64)
+            empty = torch.empty(0, dtype=getattr(torch, stream.dtype))
+            held[rank][stream.name] = torch.cat(parts) if parts else empty
             assert [e.offset for e in stream.entries] == [
                 sum(p.numel() for p in parts[:i]) for i in range(len(parts))
             ]
@@ -44,12 +45,11 @@ def _streams_of_every_rank(layout, metas, plans):
 @given(layout_and_model())
 def test_every_generation_element_is_covered_exactly_once_with_the_right_value(case):
     layout, metas, bucket_bytes = case
-    plans = [
-        plan_rank(layout, metas, r, itemsize=8, bucket_bytes=bucket_bytes) for r in range(layout.world_size)
-    ]
+    plans = [plan_rank(layout, metas, r, bucket_bytes=bucket_bytes) for r in range(layout.world_size)]
     full, held = _streams_of_every_rank(layout, metas, plans)
     split_of = {m.name: m.split for m in metas}
     stage_of = {m.name: m.stage for m in metas}
+    dtype_of = {m.name: m.dtype for m in metas}
     for rank, plan in enumerate(plans):
         g = layout.rollout_coords(rank)
         b = layout.stage_merge
@@ -67,23 +67,28 @@ def test_every_generation_element_is_covered_exactly_once_with_the_right_value(c
                 target += 1
             assert bool((coverage == 1).all()), (layout, gen.name)
 
-            def source(stream, member, plan=plan):
-                return held[plan.stream(stream).ranks[member]][stream]
+            def piece_of(piece, plan=plan):
+                flat = held[plan.stream(piece.stream).ranks[piece.member]][piece.stream]
+                return flat[piece.offset : piece.offset + piece.numel].view(piece.shape)
 
             want = reference_shard(full[gen.name], split_of[gen.name], g.tensor, layout.rollout_tensor)
-            assert torch.equal(assemble(gen, source), want), (layout.describe(), rank, gen.name)
+            got = assemble(gen, piece_of)
+            assert got.dtype == want.dtype and torch.equal(got, want), (layout.describe(), rank, gen.name)
             assert stage_of[gen.name] // b == g.pipeline
+            assert plan.stream(gen.stream).dtype == gen.dtype == dtype_of[gen.name]
         # received == the exact lower bound (what the generation shard needs and the rank lacks)
         assert plan.received_elements() == plan.lower_bound_elements()
+        assert plan.received_bytes() == plan.lower_bound_bytes()
+        # one stream per (kind, dtype) present in the model, the same on every rank
+        kinds = {("replicated" if m.split is Split.REPLICATED else "split", m.dtype) for m in metas}
+        assert {(s.kind, s.dtype) for s in plan.streams} == kinds
 
 
 @settings(max_examples=100, deadline=None)
 @given(layout_and_model())
 def test_plans_agree_across_ranks(case):
     layout, metas, bucket_bytes = case
-    plans = [
-        plan_rank(layout, metas, r, itemsize=8, bucket_bytes=bucket_bytes) for r in range(layout.world_size)
-    ]
+    plans = [plan_rank(layout, metas, r, bucket_bytes=bucket_bytes) for r in range(layout.world_size)]
     for rank, plan in enumerate(plans):
         for stream in plan.streams:
             assert stream.ranks[stream.member] == rank
@@ -94,7 +99,7 @@ def test_plans_agree_across_ranks(case):
             for member, length in enumerate(stream.lengths):
                 if len(stream.ranks) > 1:
                     assert sum(bk.lengths[member] for bk in stream.buckets) == length
-            chunk = max(1, bucket_bytes // (8 * len(stream.ranks)))
+            chunk = max(1, bucket_bytes // (stream.itemsize * len(stream.ranks)))
             assert all(max(bk.lengths) <= chunk for bk in stream.buckets)
 
 
@@ -116,10 +121,10 @@ def test_split_volume_is_the_lower_bound_and_table2_formula(t, p, t_g, p_g):
     layout = ParallelLayout(tensor=t, pipeline=p, rollout_tensor=t_g, rollout_pipeline=p_g)
     metas = [m for m in gpt_param_metas(model, pipeline=p)]
     split = [m for m in metas if m.split is not Split.REPLICATED]
-    per_rank = split_bytes_per_rank(metas, t, p, itemsize=4)
+    per_rank = split_bytes_per_rank(metas, t, p)
     assert (per_rank is not None) == (p <= 2)
     for rank in range(layout.world_size):
-        plan = plan_rank(layout, metas, rank, itemsize=4, bucket_bytes=4096)
+        plan = plan_rank(layout, metas, rank, bucket_bytes=4096)
         pp, gpp = layout.train_coords(rank).pipeline, layout.rollout_coords(rank).pipeline
         gen = sum(m.shard_numel(t_g) for m in split if m.stage // layout.stage_merge == gpp)
         own = sum(m.shard_numel(t) for m in split if m.stage == pp)
@@ -137,7 +142,7 @@ def test_bad_model_is_rejected_before_any_collective_naming_parameter_and_rule()
         ParamMeta("decoder.layers.1.input_layernorm.weight", (8,), Split.REPLICATED, 3),
     ]
     with pytest.raises(ConfigError) as err:
-        plan_rank(layout, metas, 0, itemsize=4, bucket_bytes=1024)
+        plan_rank(layout, metas, 0, bucket_bytes=1024)
     text = str(err.value)
     assert "embedding.word_embeddings.weight: rule shape[0] % tp == 0" in text
     assert "linear_qkv.weight: rule kv_heads % t_g == 0" in text

@@ -21,7 +21,7 @@ import pytest
 from hpcrl.distributed.layout import ParallelLayout
 from hpcrl.distributed.spawn import run_ranks
 from hpcrl.metrics.sinks import read_jsonl
-from hpcrl.reshard.params import gpt_param_metas
+from hpcrl.reshard.build import model_param_metas
 from hpcrl.reshard.planner import plan_rank
 from tests.rl._job_ranks import heldout_curve, run_named, tiny_config
 
@@ -41,10 +41,8 @@ SAME_STEPS = 20
 def _bound_bytes(cfg, rank: int = 0) -> int:
     p = cfg.parallel
     layout = ParallelLayout(p.tensor, p.pipeline, p.data, p.rollout_tensor, p.rollout_pipeline)
-    plan = plan_rank(
-        layout, gpt_param_metas(cfg.model, pipeline=p.pipeline), rank, itemsize=4, bucket_bytes=64 << 20
-    )
-    return plan.lower_bound_elements() * 4
+    plan = plan_rank(layout, model_param_metas(cfg.model, p.pipeline), rank, bucket_bytes=64 << 20)
+    return plan.lower_bound_bytes()
 
 
 def _check_steps(run_dir: Path, bound: int) -> list[dict]:

@@ -52,10 +52,14 @@ def random_full_state(trainer, seed: int = 7) -> dict[str, torch.Tensor]:
     }
 
 
-def _in_storage(tensor: torch.Tensor, flat: torch.Tensor) -> bool:
-    start = flat.data_ptr()
-    end = start + flat.numel() * flat.element_size()
-    return start <= tensor.data_ptr() and tensor.data_ptr() + tensor.numel() * tensor.element_size() <= end
+def _in_storage(tensor: torch.Tensor, flats: dict[str, torch.Tensor]) -> bool:
+    """Whether `tensor` lies inside one of the store's flat buffers (one per dtype)."""
+    for flat in flats.values():
+        start = flat.data_ptr()
+        end = start + flat.numel() * flat.element_size()
+        if start <= tensor.data_ptr() and tensor.data_ptr() + tensor.numel() * tensor.element_size() <= end:
+            return True
+    return False
 
 
 def _trainer_logprobs(trainer, out) -> torch.Tensor:
@@ -96,17 +100,17 @@ def generation_parity_rank(
         reshard = build_reshard_engine(
             cfg,
             layout,
+            dict(named_global_params(trainer.model, cfg, groups)),
             rank=rank,
             groups=make_groups(layout, ENGINE_FAMILIES),
             bucket_bytes=(bucket or [64 << 20])[0],
         )
-        reshard.bind(dict(named_global_params(trainer.model, cfg, groups)))
         engine = MegatronRolloutEngine.build(cfg, build_generation_groups(layout), PAD, EOS)
         store = GenerationStore.for_engine(reshard)
         store.bind(engine.global_params())
         metrics = ReshardHandoff(reshard, store=store)()
         params = engine.global_params()
-        zero_copy = all(_in_storage(param, store.flat) for param in params.values())
+        zero_copy = all(_in_storage(param, store.flats) for param in params.values())
         greedy = engine.generate(PROMPTS, SamplingParams(max_new_tokens=MAX_NEW_TOKENS).greedy())
         sampling = SamplingParams(max_new_tokens=MAX_NEW_TOKENS, temperature=1.0)
         sampled = engine.generate(PROMPTS, sampling, row_seeds(11, 0, len(PROMPTS)))
@@ -120,7 +124,7 @@ def generation_parity_rank(
         freed = allocated - torch.cuda.memory_allocated() if torch.cuda.is_available() else None
         asleep = all(param.numel() == 0 for param in params.values())
         ReshardHandoff(reshard, store=store)()  # wake: the parameters point into the new buffer
-        rewoken = all(_in_storage(param, store.flat) for param in params.values())
+        rewoken = all(_in_storage(param, store.flats) for param in params.values())
         again = engine.generate(PROMPTS, SamplingParams(max_new_tokens=MAX_NEW_TOKENS).greedy())
         results.append(
             {
@@ -130,7 +134,7 @@ def generation_parity_rank(
                 "store_bytes": store.nbytes,
                 "freed_by_sleep": freed,
                 "bytes_received": metrics["reshard/bytes_received"],
-                "bound_bytes": reshard.plan.lower_bound_elements() * 4,
+                "bound_bytes": reshard.plan.lower_bound_bytes(),
                 "greedy_ids": greedy.response_ids_BT,
                 "greedy_logprobs": greedy.logprobs_BT,
                 "greedy_again": torch.equal(again.response_ids_BT, greedy.response_ids_BT),

@@ -72,10 +72,10 @@ def _push_through_reshard(engine, workdir: Path, rank: int) -> dict:
     tp = layout.train_coords(rank).tensor
     params = {m.name: shard_of(full[m.name], m, tp, layout.tensor).clone() for m in metas}
     del full
-    plan = plan_rank(layout, metas, rank, itemsize=4, bucket_bytes=64 << 20)
+    plan = plan_rank(layout, metas, rank, bucket_bytes=64 << 20)
     transport = CountingTransport(TorchTransport())
     reshard = HybridEngine(plan, transport, make_groups(layout, ("micro_data", "stage_merge")))
-    reshard.bind(params)
+    reshard.attach(params)
     tick = time.perf_counter()
     shard = reshard.to_generation()
     try:
@@ -89,7 +89,7 @@ def _push_through_reshard(engine, workdir: Path, rank: int) -> dict:
         "shard_numel": sum(t.numel() for _, t in named),
         "push_s": time.perf_counter() - tick,
         "bytes_received": transport.total().bytes_received,
-        "bound_bytes": plan.lower_bound_elements() * 4,
+        "bound_bytes": plan.lower_bound_bytes(),
     }
 
 

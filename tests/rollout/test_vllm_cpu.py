@@ -156,8 +156,10 @@ def push_and_compare_rank(rank: int, world_size: int, workdir: str, python: str)
     trainer = build_policy_trainer(cfg, OptimizerConfig(lr=1e-2, grad_clip=0.0), groups)
     _randomise(trainer, cfg, groups)
     layout = ParallelLayout(tensor=2, rollout_tensor=1)
-    reshard = build_reshard_engine(cfg, layout, rank=rank, groups=make_groups(layout, ENGINE_FAMILIES))
-    reshard.bind(dict(named_global_params(trainer.model, cfg, groups)))
+    params = dict(named_global_params(trainer.model, cfg, groups))
+    reshard = build_reshard_engine(
+        cfg, layout, params, rank=rank, groups=make_groups(layout, ENGINE_FAMILIES)
+    )
     initial = _resharded(reshard, layout, rank, cfg)
     losses = [trainer.update(_sft_batch(cfg), _nll)["loss"] for _ in range(UPDATE_STEPS)]
     new = _resharded(reshard, layout, rank, cfg)

@@ -126,32 +126,23 @@ def fp16_tiny_loss_update(rank: int, world_size: int, scaled: bool) -> dict:
     return {"grad_norm": result["grad_norm"], "skipped": result["update_skipped_nonfinite"], "scale": scale}
 
 
-def _trainer(cfg, groups, backend: str, fake_cuda: bool):
+def _trainer(cfg, groups, backend: str):
     """A policy trainer of `backend`, weights loaded AFTER the optimizer was built (as a test or an HF
-    load would). `fake_cuda`: resolve_backend's CUDA check is part of the faked GPU boundary."""
-    from hpcrl.train import update
-
+    load would)."""
     optim_cfg = OptimizerConfig(lr=1e-2, micro_batch_size=MICRO_BATCH, backend=backend)
-    real_resolve = update.resolve_backend
-    if fake_cuda:
-        update.resolve_backend = lambda cfg, key=None: cfg.backend
-    try:
-        trainer = build_policy_trainer(cfg, optim_cfg, groups)
-    finally:
-        update.resolve_backend = real_resolve
+    trainer = build_policy_trainer(cfg, optim_cfg, groups)
     load_full_state_dict(trainer.model, random_full_state_dict(cfg, seed=3), cfg, groups)
     return trainer
 
 
 def _enter_gpu_boundary(rank: int, fake_cuda: bool) -> None:
-    """On CUDA: this rank's device. With `fake_cuda` on CPU: megatron's CUDA device strings faked
-    (tests/train/_fake_cuda_strings.py)."""
+    """On CUDA: this rank's device. With `fake_cuda` on CPU: megatron's CUDA device strings mapped to
+    CPU by hpcrl.train.megatron_compat.enable_optimizer (the one CPU shim, which MegatronUpdate also
+    installs itself; installed here first so the test names the boundary)."""
     from hpcrl.train import megatron_compat
-    from tests.train import _fake_cuda_strings
 
     if fake_cuda:
-        megatron_compat.enable()
-        _fake_cuda_strings.install()
+        assert megatron_compat.enable_optimizer()
     else:
         torch.cuda.set_device(rank)
 
@@ -166,8 +157,8 @@ def megatron_vs_torch_backend(rank: int, world_size: int, tensor: int, dtype: st
     cfg = tiny_config(dtype=dtype)
     batch = tiny_batch(cfg, seed=groups.dp_rank)
     reference, megatron = (
-        _trainer(cfg, groups, "torch", fake_cuda),
-        _trainer(cfg, groups, "megatron", fake_cuda),
+        _trainer(cfg, groups, "torch"),
+        _trainer(cfg, groups, "megatron"),
     )
     losses = {
         name: [t.update(batch, policy_loss)["loss"] for _ in range(3)]
@@ -180,7 +171,7 @@ def megatron_vs_torch_backend(rank: int, world_size: int, tensor: int, dtype: st
         sa, sb = reference.param_state(a), megatron.param_state(b)
         for key in ("exp_avg", "exp_avg_sq"):
             state_diff = max(state_diff, float((sa[key].float() - sb[key].float()).abs().max()))
-    fresh = _trainer(cfg, groups, "megatron", fake_cuda)
+    fresh = _trainer(cfg, groups, "megatron")
     for src, dst in zip(megatron.model.parameters(), fresh.model.parameters(), strict=True):
         state = megatron.param_state(src)
         fresh.load_param_state(dst, state.get("master", src.detach()), state)
@@ -213,12 +204,12 @@ def _owned_fraction(trainer) -> float:
 
 
 def megatron_save(rank: int, world_size: int, root: str, dtype: str) -> dict:
-    """Megatron backend (CUDA strings faked) at d=world_size: 2 updates, then an hpcrl checkpoint of its
+    """Megatron backend (CUDA strings mapped to CPU) at d=world_size: 2 updates, then an hpcrl checkpoint of its
     weights, masters and sharded Adam state. Returns that state (whole per parameter, by name)."""
     _enter_gpu_boundary(rank, True)
     groups = build_train_groups(1, 1, world_size)
     cfg = tiny_config(dtype=dtype)
-    trainer = _trainer(cfg, groups, "megatron", True)
+    trainer = _trainer(cfg, groups, "megatron")
     for _ in range(2):
         trainer.update(tiny_batch(cfg, seed=groups.dp_rank), policy_loss)
     Checkpointer(root, group=dist.group.WORLD, async_save=False).save(
@@ -228,11 +219,11 @@ def megatron_save(rank: int, world_size: int, root: str, dtype: str) -> dict:
 
 
 def megatron_load(rank: int, world_size: int, root: str, dtype: str) -> dict:
-    """A fresh megatron trainer (CUDA strings faked) at d=world_size loads that checkpoint. Returns its
+    """A fresh megatron trainer (CUDA strings mapped to CPU) at d=world_size loads that checkpoint. Returns its
     state whole per parameter (gathered over this DP size), by name, and how much of it this rank holds."""
     _enter_gpu_boundary(rank, True)
     groups = build_train_groups(1, 1, world_size)
-    trainer = _trainer(tiny_config(dtype=dtype), groups, "megatron", True)
+    trainer = _trainer(tiny_config(dtype=dtype), groups, "megatron")
     manifest = read_manifest(read_latest(Path(root)))
     load_into_trainer(
         trainer, load_checkpoint(root, trainer_specs(trainer, manifest), group=dist.group.WORLD).tensors
@@ -285,3 +276,23 @@ def fp16_loss_scale_survives_a_checkpoint(rank: int, world_size: int, run_dir: s
         "fresh_scale": fresh_scale,
         "resumed": resumed.scaler_state(),
     }
+
+
+def mixed_dtype_probe(rank: int, world_size: int) -> dict:
+    """A bf16 model is built in bf16 throughout (norms too, as megatron's Float16Module casts it); a
+    model with an fp32 norm beside bf16 weights is refused by the megatron backend, naming why."""
+    from hpcrl.errors import ConfigError
+    from hpcrl.train.megatron_optimizer import MegatronUpdate
+    from hpcrl.train.model import build_gpt_model
+
+    groups = build_train_groups(1, 1, 1)
+    cfg = tiny_config(dtype="bfloat16")
+    model = build_gpt_model(cfg, groups)
+    dtypes = sorted({str(p.dtype) for p in model.parameters()})
+    norm = model.decoder.final_layernorm.weight
+    norm.data = norm.data.float()
+    try:
+        MegatronUpdate(model, cfg, groups, OptimizerConfig(backend="megatron"), lr=1e-3)
+    except ConfigError as err:
+        return {"dtypes": dtypes, "error": str(err)}
+    return {"dtypes": dtypes, "error": None}

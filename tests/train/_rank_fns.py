@@ -255,12 +255,13 @@ def compat_probe(rank: int, world_size: int) -> dict:
 
     from hpcrl.train import megatron_compat
 
-    original_current_device = torch.cuda.current_device
+    original_current_device, original_type = torch.cuda.current_device, torch.Tensor.type
     with mock.patch("torch.cuda.is_available", return_value=True):
         faked = {
-            "returned": megatron_compat.enable(),
+            "returned": megatron_compat.enable_optimizer() or megatron_compat.enable(),
             "patches": megatron_compat.applied_patches(),
             "current_device_untouched": torch.cuda.current_device is original_current_device,
+            "type_untouched": torch.Tensor.type is original_type,
         }
     real = {
         "returned": megatron_compat.enable(),
@@ -268,6 +269,15 @@ def compat_probe(rank: int, world_size: int) -> dict:
         "patches": megatron_compat.applied_patches(),
         "current_device": str(torch.cuda.current_device()),
     }
+    from megatron.core.optimizer import optimizer as megatron_optimizer
+
+    real["optimizer"] = megatron_compat.enable_optimizer()
+    real["optimizer_again"] = megatron_compat.enable_optimizer()
+    real["all_patches"] = megatron_compat.applied_patches()
+    real["type_elsewhere"] = torch.zeros(1).type()  # this module is no megatron optimizer: torch's answer
+    as_megatron = eval("lambda t: t.type()", vars(megatron_optimizer))  # a caller in that module  # noqa: S307
+    real["type_in_megatron_optimizer"] = as_megatron(torch.zeros(1, dtype=torch.bfloat16))
+    real["scalar_device"] = str(megatron_optimizer.torch.tensor([1.0], device="cuda").device)
     groups = build_train_groups(1, 1, 1)
     cfg = tiny_config()
     model = build_gpt_model(cfg, groups)

@@ -1,4 +1,5 @@
-"""The CPU compatibility layer: active on this CPU-only torch, a no-op when CUDA is reported present."""
+"""The CPU compatibility layer: active on this CPU-only torch (megatron forward, and with `enable_optimizer`
+its DDP + distributed optimizer), a no-op when CUDA is reported present."""
 
 import pytest
 
@@ -11,10 +12,23 @@ pytestmark = pytest.mark.dist
 def test_enable_patches_nothing_when_cuda_is_faked_available_and_runs_megatron_on_cpu_otherwise():
     (probe,) = run_ranks(compat_probe, 1)
     # No GPU here: CUDA presence is faked by patching torch.cuda.is_available inside the probe.
-    assert probe["faked_cuda"] == {"returned": False, "patches": (), "current_device_untouched": True}
-    assert probe["cpu"]["returned"] is True and probe["cpu"]["again"] is True
-    assert probe["cpu"]["current_device"] == "cpu"
-    assert len(probe["cpu"]["patches"]) == 3
+    assert probe["faked_cuda"] == {
+        "returned": False,
+        "patches": (),
+        "current_device_untouched": True,
+        "type_untouched": True,
+    }
+    cpu = probe["cpu"]
+    assert cpu["returned"] is True and cpu["again"] is True
+    assert cpu["current_device"] == "cpu"
+    assert len(cpu["patches"]) == 3
+    # the megatron optimizer on CPU: its 'cuda' scalars land on CPU, and only its own modules are told
+    # that a bf16 CPU tensor is a 'torch.cuda.BFloat16Tensor' (how it sorts params into dtype groups)
+    assert cpu["optimizer"] is True and cpu["optimizer_again"] is True
+    assert cpu["all_patches"][-1] == "megatron.core.optimizer->cpu" and len(cpu["all_patches"]) == 4
+    assert cpu["type_elsewhere"] == "torch.FloatTensor"
+    assert cpu["type_in_megatron_optimizer"] == "torch.cuda.BFloat16Tensor"
+    assert cpu["scalar_device"] == "cpu"
     assert probe["tracker"] == "CpuRNGStatesTracker"
     assert probe["fork_streams_advance"]
     assert probe["logits_shape"] == (4, 8, 32)

@@ -4,10 +4,10 @@ On CPU: megatron-core's DDP itself runs (gloo, hpcrl's compat shim): its fp32 ma
 distributed optimizer's reduce-scatter equals hpcrl's own DP all-reduce of the same micro-batches on the
 elements each DP rank owns, with and without overlapping the reduce with the last micro-batch's
 backward, at t=1 and t=2. megatron's optimizer writes `device='cuda'` literally: with those strings
-faked (and only those; the test names say so) its real DistributedOptimizer matches the torch backend,
-its state survives the checkpoint interface bit for bit, also across a change of DP size, and it is read
-only through megatron's public API.
-Asking for the megatron backend without CUDA is a config error; the real-GPU comparison is gpu-marked.
+mapped to CPU (hpcrl.train.megatron_compat.enable_optimizer, and only those; the test names say so) its
+real DistributedOptimizer matches the torch backend, its state survives the checkpoint interface bit for
+bit, also across a change of DP size, and it is read only through megatron's public API.
+`auto` picks it where CUDA is; the real-GPU comparison is gpu-marked.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import pytest
 import torch
 
 from hpcrl.distributed.spawn import run_ranks
-from hpcrl.errors import ConfigError
 from hpcrl.train import megatron_optimizer
 from hpcrl.train.config import OptimizerConfig
 from hpcrl.train.update import resolve_backend
@@ -38,13 +37,22 @@ def test_megatron_ddp_reduce_scatter_with_overlap_equals_hpcrl_dp_allreduce_on_o
     assert all(0 < r["compared"] < r["total"] for r in results)
 
 
-def test_megatron_backend_without_cuda_is_a_config_error_naming_the_key():
-    if torch.cuda.is_available():
-        pytest.skip("CUDA present: the megatron backend is valid here")
-    with pytest.raises(ConfigError) as err:
-        resolve_backend(OptimizerConfig(backend="megatron"))
-    assert "optim.backend" in str(err.value) and "CUDA" in str(err.value)
-    assert resolve_backend(OptimizerConfig()) == "torch"  # auto on CPU
+@pytest.mark.dist
+def test_a_16_bit_model_is_one_dtype_and_the_megatron_backend_refuses_a_mixed_one():
+    """megatron-core 0.16.1 pairs optimizer state with the wrong parameters in a param group that mixes
+    fp32 and bf16 (hpcrl.train.model.cast_to_model_dtype says where): a bf16 model is bf16 throughout,
+    and a mixed one is a config error, never a silently corrupted checkpoint."""
+    (probe,) = run_ranks(fns.mixed_dtype_probe, 1)
+    assert probe["dtypes"] == ["torch.bfloat16"]
+    assert probe["error"] and "model.dtype" in probe["error"] and "one parameter dtype" in probe["error"]
+
+
+def test_auto_backend_is_megatron_where_cuda_is_and_an_explicit_backend_is_kept():
+    assert resolve_backend(OptimizerConfig(), cuda=False) == "torch"
+    assert resolve_backend(OptimizerConfig(), cuda=True) == "megatron"
+    for backend in ("torch", "megatron"):
+        for cuda in (False, True):
+            assert resolve_backend(OptimizerConfig(backend=backend), cuda=cuda) == backend
 
 
 @pytest.mark.dist
@@ -57,7 +65,7 @@ def test_megatron_backend_without_cuda_is_a_config_error_naming_the_key():
 def test_megatron_distributed_optimizer_with_cuda_strings_faked_on_cpu_matches_torch_backend(
     world, tensor, dtype
 ):
-    """GPU boundary faked (tests/train/_fake_cuda_strings.py): megatron's real DistributedOptimizer on gloo.
+    """GPU boundary mapped to CPU (megatron_compat.enable_optimizer): megatron's real DistributedOptimizer on gloo.
     Same losses and weights as the torch backend, 1/d of the optimizer state per rank, and its state
     survives the checkpoint interface (param_state -> load_param_state) exactly: the same state after
     the load and the same next two updates."""

@@ -1,0 +1,205 @@
+"""`hpcrl rehearse TEMPLATE [--index N] [overrides]`: run a (GPU) recipe on this machine before a GPU does.
+
+For each element (identical rehearsals once), hpcrl.rehearse.derive keeps what the recipe says about
+the job (layout, placement, dtype, update backend and rollout engine resolved as on a GPU element,
+algorithm, checkpoints) and shrinks the rest; the result is written as a plain template,
+`<dir>/rehearsal.yaml` (rerun it with `hpcrl run`), and run twice in one run directory through the local
+launcher: STEPS - 1 steps that end with a checkpoint, then a resumed launch for the last step. With
+`parallel.verify_weight_sync` on, a weight sync that the optimizer's writes do not reach stops the job.
+Then hpcrl.rehearse.report checks the metrics (every step once, resumed, weights moved every step,
+reshard bytes = the planned bound, finite losses), and the full-size job's memory plan is printed.
+
+`--model DIR`: rehearse with that HF directory at its real size (e.g. SmolLM2-135M) instead of a tiny
+stand-in; the layout is then shrunk to what its dimensions allow.
+
+Exit codes: 0 every rehearsal passed; 1 one failed (its lines say which check, its logs where); 2 a
+config error (in the template, or in a rehearsal: a derivation bug, reported as such).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from hpcrl.cli.common import add_template_arguments, overrides_from
+from hpcrl.cli.plan import human
+from hpcrl.config.schema import with_values
+from hpcrl.config.yaml_io import canonical_json, dump_yaml
+from hpcrl.distributed.layout import ParallelLayout
+from hpcrl.errors import ConfigError, Problem
+from hpcrl.experiment.resolve import resolve
+from hpcrl.launcher import local, sweeps
+from hpcrl.plan.memory import predict
+from hpcrl.rehearse.derive import MAX_RANKS, STEPS, Rehearsal, derive
+from hpcrl.rehearse.report import check
+from hpcrl.rollout.engine_rule import vllm_device
+from hpcrl.train.config import ARCHITECTURE_FIELDS, ModelConfig
+from hpcrl.train.hf_config import ModelDimsUnavailable, with_hf_architecture
+
+HELP = (
+    "Rehearse a (GPU) recipe on CPU: its layout, dtype, backends, engine and a save + resume, at tiny sizes."
+)
+
+
+def add_arguments(parser) -> None:
+    add_template_arguments(parser)
+    parser.add_argument("--index", type=int, default=None, help="One sweep element (default: every one).")
+    parser.add_argument("--steps", type=int, default=STEPS, help="RL steps (a save before the last one).")
+    parser.add_argument("--max_ranks", type=int, default=MAX_RANKS, help="Most ranks a rehearsal runs.")
+    parser.add_argument(
+        "--model", default=None, help="An HF directory to rehearse with at its real size (no tiny model)."
+    )
+    parser.add_argument(
+        "--dir", default=None, help="Where rehearsals go (default: <run_root>/rehearse/<name>/<UTC time>)."
+    )
+
+
+def main(args) -> int:
+    sweep = resolve(args.template, overrides_from(args))
+    indices = range(len(sweep.elements)) if args.index is None else [_checked_index(args.index, sweep)]
+    first = sweep.elements[indices[0]].config
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+    root = Path(args.dir) if args.dir else Path(first.run_root) / "rehearse" / sweep.name / stamp
+    vllm_here = vllm_device() == "cpu"
+    seen: dict[str, int] = {}
+    failed = 0
+    for index in indices:
+        element = sweep.elements[index]
+        where = root / f"element-{index}"
+        cfg = _with_model(element.config, args.model)
+        rehearsal = derive(
+            cfg,
+            run_root=str(where / "runs"),
+            model_dir=args.model or str(where / "model"),
+            vllm_here=vllm_here,
+            steps=args.steps,
+            max_ranks=args.max_ranks,
+            real_model=args.model is not None,
+        )
+        key = _identity(element.data, rehearsal)
+        print(
+            f"\nrehearse {sweep.template} [{index}] {element.config_id}: {rehearsal.ranks} rank(s)",
+            flush=True,
+        )
+        if key in seen:
+            print(f"  the same rehearsal as element {seen[key]}: not run again")
+            continue
+        seen[key] = index
+        failed += not _rehearse(element, rehearsal, where, args, real_model=args.model is not None)
+    return 1 if failed else 0
+
+
+def _checked_index(index: int, sweep) -> int:
+    if not 0 <= index < len(sweep.elements):
+        raise ConfigError(Problem(f"--index {index} is outside 0..{len(sweep.elements) - 1}", key="--index"))
+    return index
+
+
+def _with_model(cfg, model_dir: str | None):
+    """The element with its model's architecture resolved: from `model_dir` (real size), from the
+    recipe's own config.json where readable, else as the template spells it."""
+    model = dataclasses.replace(cfg.model, hf_path=model_dir) if model_dir else cfg.model
+    if model_dir:  # the directory's dims replace the recipe's
+        model = dataclasses.replace(model, **dict.fromkeys(ARCHITECTURE_FIELDS))
+    try:
+        model = with_hf_architecture(model)
+    except ModelDimsUnavailable:
+        if model_dir:
+            raise
+    return dataclasses.replace(cfg, model=model)
+
+
+def _identity(data: dict, rehearsal: Rehearsal) -> str:
+    """What makes two elements' rehearsals the same run (their paths and names aside)."""
+    derived = with_values(
+        data, {k: v for k, v in rehearsal.overrides.items() if k not in ("run_root", "model.hf_path")}
+    )
+    derived.pop("name", None)
+    return canonical_json(derived)
+
+
+def _rehearse(element, rehearsal: Rehearsal, where: Path, args, *, real_model: bool) -> bool:
+    """Write, run twice (save, resume), check and report one rehearsal; True when it passed."""
+    for note in rehearsal.notes:
+        print(f"  {note}")
+    where.mkdir(parents=True, exist_ok=False)
+    data = with_values(element.data, rehearsal.overrides)
+    data["cluster"].pop("setup", None)  # only a profile may set it, and the rehearsal has none
+    template = where / "rehearsal.yaml"
+    template.write_text(dump_yaml(data))
+    if rehearsal.model_dir and not real_model:
+        _write_tiny_model(rehearsal, Path(rehearsal.overrides["model.hf_path"]))
+    start = time.perf_counter()
+    run_dir = where / "run"
+    codes = [
+        _launch(template, run_dir, where / f"launch-{n}.log", steps)
+        for n, steps in enumerate((args.steps - 1, args.steps), start=1)
+    ]
+    wall = time.perf_counter() - start
+    if any(codes):
+        print(f"  FAIL: launch exit codes {codes}; logs: {where}/launch-*.log ({wall:.0f} s)")
+        return False
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+    resume_log = (where / "launch-2.log").read_text(errors="replace")
+    report = check(rows, args.steps, resume_log, _bound_bytes(element, rehearsal))
+    for line in report.lines():
+        print(f"  {line}")
+    _print_memory_plan(element)
+    for failure in report.failures:
+        print(f"  FAIL: {failure}")
+    print(f"  {'PASS' if report.ok else 'FAIL'} in {wall:.0f} s; rerun: hpcrl run {template}", flush=True)
+    return report.ok
+
+
+def _launch(template: Path, run_dir: Path, log: Path, steps: int) -> int:
+    """One launch of the rehearsal's config with `steps` steps into `run_dir`, output to `log`."""
+    element = resolve(template, {"algorithm.steps": steps}).elements[0]
+    with sweeps.writing(None, "run_root"):
+        config_path = sweeps.write_config(element, run_dir / f"launch-{steps}")
+    cluster = element.config.cluster
+    with log.open("wb") as out:
+        return local.run_local(
+            config_path, run_dir, cluster.nodes * cluster.tasks_per_node, cluster.env, log=out
+        )
+
+
+def _write_tiny_model(rehearsal: Rehearsal, out_dir: Path) -> None:
+    # transformers and torch: only when a rehearsal runs (`hpcrl --help` imports every command module)
+    from hpcrl.data.tasks import ALPHABET
+    from hpcrl.data.tokenizer import build_char_tokenizer
+    from hpcrl.train.hf_dir import write_random_model
+
+    cfg = ModelConfig(**rehearsal.model, dtype=rehearsal.overrides.get("model.dtype", "float32"))
+    write_random_model(cfg, out_dir, build_char_tokenizer(ALPHABET, cfg.vocab_size))
+
+
+def _bound_bytes(element, rehearsal: Rehearsal) -> int | None:
+    """Rank 0's planned receive bytes per weight sync (None on the async placement: its transfer is
+    cross-pool, logged under weights/)."""
+    if element.config.algorithm.placement == "async":
+        return None
+    # torch (through hpcrl.train.model's norm dtype rule): only when a rehearsal runs
+    from hpcrl.reshard.build import model_param_metas
+    from hpcrl.reshard.planner import plan_rank
+
+    o = rehearsal.overrides
+    sizes = {
+        n: o[f"parallel.{n}"] for n in ("tensor", "pipeline", "data", "rollout_tensor", "rollout_pipeline")
+    }
+    model = ModelConfig(**rehearsal.model, dtype=element.config.model.dtype)
+    return plan_rank(
+        ParallelLayout(**sizes), model_param_metas(model, sizes["pipeline"]), 0, bucket_bytes=64 << 20
+    ).lower_bound_bytes()
+
+
+def _print_memory_plan(element) -> None:
+    plan = predict(element.config)
+    fits = plan.device.kind == "cpu" or plan.device_peak <= plan.device.bytes
+    print(
+        f"  full-size memory plan ({plan.layout}): device peak {human(plan.device_peak)} of "
+        f"{plan.device.name} {human(plan.device.bytes)}: {'fits' if fits else 'DOES NOT FIT'}; "
+        f"host RAM peak {human(plan.host_peak)} per rank"
+    )
