@@ -1,9 +1,13 @@
 """The GPU check's GRPO runs and its one summary table (launch/gpu_check.sh runs it on the lent GPU machine).
 
-Two short runs of the main job on the GPU through the user's command (`python3 -m hpcrl run
+Three short runs of the main job on the GPU through the user's command (`python3 -m hpcrl run
 templates/grpo_tiny.yaml`, one rank, NCCL, megatron-core actor with the megatron DDP + distributed
-optimizer backend): the HF rollout engine (auto at t_g = 1 without vLLM), then the megatron rollout
-engine (the sharded rollout worker's code, at t_g = 1 on one GPU). From each run's metrics.jsonl:
+optimizer backend, `parallel.verify_weight_sync` on): the HF rollout engine (auto at t_g = 1 without
+vLLM), the megatron rollout engine (the sharded rollout worker's code, at t_g = 1 on one GPU), and the
+megatron engine in bf16 (the GPU recipes' dtype). Each must show the colocated RL step's central claim
+on CUDA: every weight sync verified against megatron's param buffer, and the weights the rollout
+received changed at every step (`reshard/read_checksum`), i.e. the distributed optimizer's updates
+reach the model the rollout reads. From each run's metrics.jsonl:
 median tokens/s of generation and training, median seconds per step phase, the peak GPU memory of
 each phase (`memory/<phase>_peak_gib`, torch.cuda.max_memory_allocated, logged by the driver on CUDA),
 the worst rollout-vs-trainer log-prob mismatch and the held-out reward before and after. The pytest
@@ -24,7 +28,15 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-RUNS = {"grpo, HF engine": [], "grpo, megatron engine": ["--rollout.engine", "megatron"]}
+sys.path.insert(0, str(REPO))
+
+from hpcrl.rehearse.report import syncs_verified_and_moving  # noqa: E402
+
+RUNS = {
+    "grpo, HF engine": [],
+    "grpo, megatron engine": ["--rollout.engine", "megatron"],
+    "grpo bf16, megatron eng.": ["--rollout.engine", "megatron", "--model.dtype", "bfloat16"],
+}
 PHASES = ("reshard", "generate", "reward", "train")
 NOT_RUN = [
     (
@@ -54,6 +66,8 @@ def run_grpo(name: str, extra: list[str], out: Path, steps: int) -> dict:
         "false",
         "--checkpoint.every_steps",
         "0",
+        "--parallel.verify_weight_sync",
+        "true",
         *extra,
     ]
     start = time.perf_counter()
@@ -73,8 +87,10 @@ def _median(rows: list[dict], key: str) -> float | None:
 def summarize_run(run: dict) -> dict:
     steps = [r for r in run["rows"] if "reward/mean" in r]
     heldout = [r["reward/heldout"] for r in run["rows"] if r.get("reward/heldout") is not None]
+    moved = syncs_verified_and_moving(steps)
     return {
-        "ok": run["rc"] == 0 and bool(steps),
+        "ok": run["rc"] == 0 and bool(steps) and moved,
+        "weights_moved": moved,
         "wall_s": run["wall_s"],
         "steps": len(steps),
         "tok_s_generate": _median(steps, "tps/generate"),
@@ -118,14 +134,15 @@ def print_summary(tests: list[tuple[str, str, str]], runs: dict[str, dict]) -> N
     print("\n== GRPO on the GPU (grpo_tiny, 1 rank) ==")
     header = f"  {'run':<24}{'ok':>4}{'steps':>6}{'gen tok/s':>11}{'train tok/s':>12}"
     header += "".join(f"{p + ' ms':>12}" for p in PHASES) + "".join(f"{p + ' GiB':>13}" for p in PHASES)
-    print(header + f"{'mismatch':>10}{'held-out':>14}{'wall s':>8}")
+    print(header + f"{'moved':>7}{'mismatch':>10}{'held-out':>14}{'wall s':>8}")
     for name, s in runs.items():
         line = f"  {name:<24}{'yes' if s['ok'] else 'NO':>4}{s['steps']:>6}"
         line += f"{_fmt(s['tok_s_generate']):>11}{_fmt(s['tok_s_train']):>12}"
         line += "".join(f"{_fmt(None if v is None else v * 1e3, '.1f'):>12}" for v in s["phase_s"].values())
         line += "".join(f"{v:>13.3f}" for v in s["peak_gib"].values())
         held = "-" if s["heldout"] is None else f"{s['heldout'][0]:.2f}->{s['heldout'][1]:.2f}"
-        print(line + f"{_fmt(s['mismatch_max'], '.1e'):>10}{held:>14}{s['wall_s']:>8.0f}")
+        moved = "yes" if s["weights_moved"] else "NO"
+        print(line + f"{moved:>7}{_fmt(s['mismatch_max'], '.1e'):>10}{held:>14}{s['wall_s']:>8.0f}")
     print("\n== not run here ==")
     for what, why in NOT_RUN:
         print(f"  {what}: {why}")

@@ -121,7 +121,12 @@ def _model_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
     facts = EngineFacts.for_element(gpus_per_node(cfg))
     split = cfg.algorithm.placement != "colocated"  # the rollout engine does not span the element
     problems += resolve_engine(
-        cfg.rollout, par.rollout_tensor, par.rollout_pipeline, cfg.model, facts, split_placement=split
+        cfg.rollout,
+        par.rollout_tensor,
+        par.rollout_pipeline,
+        model or cfg.model,
+        facts,
+        split_placement=split,
     )[1]
     return [(p.key or "parallel", p.message) for p in problems]
 

@@ -43,9 +43,12 @@ STEPS = 3
 """RL steps: a checkpoint after step STEPS - 1, then a resume that runs the last one."""
 HEAD_DIM = 32
 """The tiny model's head dim: vLLM's CPU attention kernel takes 32 and 64, not 16 (docs/FACTS.md)."""
-TOKENIZER_IDS = 16
-"""Ids of the built-in char tokenizer (4 special + "0123456789+="): the tiny vocabulary's floor."""
-PROMPTS, MAX_SAMPLES, MICRO_BATCH, NEW_TOKENS = 4, 4, 2, 3
+VOCAB = 64
+"""The tiny vocabulary: above the built-in char tokenizer's 16 ids, divisible by every t <= 64, and a
+multiple of vLLM's padding (hpcrl.rollout.engine_rule.VLLM_VOCAB_PADDING), as real vocabularies are."""
+VISIBLE_LR = 1e-3
+"""The smallest learning rate a 16-bit rehearsal keeps (see `_lr_overrides`)."""
+PROMPTS, MAX_SAMPLES, MICRO_BATCH, NEW_TOKENS = 8, 8, 2, 3
 """The rehearsal's batch: prompts per step, samples per prompt at most, micro-batch, response tokens."""
 
 
@@ -164,7 +167,7 @@ def tiny_architecture(source: ModelConfig, layout: ParallelLayout) -> dict[str, 
             "num_attention_heads": kv * ratio,
             "hidden_size": hidden,
             "ffn_hidden_size": _round_up(2 * hidden, t),
-            "vocab_size": _round_up(TOKENIZER_IDS, t),
+            "vocab_size": _round_up(VOCAB, t),
             "num_layers": p if p > 1 else 2,
             "max_position_embeddings": 32,
         }
@@ -204,6 +207,19 @@ def _batch_overrides(cfg: ExperimentConfig, steps: int) -> dict[str, Any]:
         "logging.plot": False,
         "logging.jsonl": True,
     }
+
+
+def _lr_overrides(cfg: ExperimentConfig) -> tuple[dict[str, Any], list[str]]:
+    """A 16-bit weight changes only when an update exceeds half its spacing (2^-9·|w| for bf16): at a
+    recipe's 1e-6 the tiny model's bf16 weights stay put for dozens of steps while the fp32 masters
+    move, and the rehearsal could not see that every update reaches the rollout. Raised to VISIBLE_LR."""
+    if cfg.model.dtype == "float32" or cfg.optim.lr >= VISIBLE_LR:
+        return {}, []
+    out = {"optim.lr": VISIBLE_LR}
+    if cfg.optim.critic_lr is not None and cfg.optim.critic_lr < VISIBLE_LR:
+        out["optim.critic_lr"] = VISIBLE_LR
+    why = f"a {cfg.model.dtype} weight moves only by updates above half its spacing"
+    return out, [f"optim.lr {cfg.optim.lr:g} -> {VISIBLE_LR:g} ({why}: each step must reach the rollout)"]
 
 
 def _cluster_overrides(ranks: int) -> dict[str, Any]:
@@ -288,6 +304,9 @@ def derive(
         "rollout.engine": engine,
         **_batch_overrides(cfg, steps),
     }
+    lr, lr_notes = _lr_overrides(cfg)
+    overrides |= lr
+    notes += lr_notes
     if real_model:  # a real tokenizer may cut "412=" into more tokens than the char tokenizer's 5
         overrides["data.max_prompt_length"] = 16
         overrides["model.max_position_embeddings"] = tiny["max_position_embeddings"]

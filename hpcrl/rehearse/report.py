@@ -5,8 +5,11 @@ Checks (each failure one line naming the step and the metric):
   numbers steps from 0, and a final held-out evaluation may add a row of its own);
 - the second launch resumed at step K-1 (its log says so);
 - every step's weight sync was verified against what the optimizer wrote (`reshard/verified_params`);
-- the weights the rollout received changed at every step (`reshard/read_checksum`: an update that never
-  reaches the rollout, the failure this whole check is for, leaves it constant);
+- the weights the rollout received changed after every update that had a gradient
+  (`reshard/read_checksum` differs from the sync before whenever the step before had
+  `actor/grad_norm` > 0 and was not skipped: an update that never reaches the rollout, the failure this
+  whole check is for, leaves it constant; a group-relative step whose groups all scored alike has a
+  zero gradient and rightly moves nothing), and at least one update had one;
 - the reshard's bytes received equal the planned bound (`reshard/bytes_received`), when one is given;
 - loss, grad norm and the rollout-vs-trainer log-prob mismatch are finite.
 
@@ -39,14 +42,32 @@ class Report:
             phases = "  ".join(
                 f"{k.removeprefix('time/').removesuffix('_s')} {row.get(k, 0.0):.2f}s" for k in PHASES
             )
-            checksum = row.get("reshard/read_checksum")
-            moved = "-" if previous is None else ("yes" if checksum != previous else "NO")
-            previous = checksum
+            moved = "-"
+            if previous is not None:
+                same = row.get("reshard/read_checksum") == previous.get("reshard/read_checksum")
+                moved = "yes" if not same else ("NO" if _updated(previous) else "no (no gradient)")
+            previous = row
             out.append(
                 f"step {row['step']}: {phases}  reshard {int(row.get('reshard/bytes_received', 0)):,} B"
                 f"  mismatch {row.get('mismatch/logprob_max', float('nan')):.2e}  weights moved {moved}"
             )
         return out
+
+
+def _updated(row: dict) -> bool:
+    """The step's update changed the weights it trains (a nonzero gradient, not skipped)."""
+    return row.get("actor/grad_norm", 0.0) > 0 and not row.get("actor/update_skipped_nonfinite")
+
+
+def syncs_verified_and_moving(step_rows: list[dict]) -> bool:
+    """Every weight sync was verified against what the optimizer wrote, and what the rollout received
+    changed at every step (the checks below; benchmarks/gpu_check.py and vllm_rl.py read runs with it)."""
+    verified = all(r.get("reshard/verified_params") for r in step_rows)
+    moving = all(
+        not _updated(before) or before.get("reshard/read_checksum") != after.get("reshard/read_checksum")
+        for before, after in zip(step_rows, step_rows[1:], strict=False)
+    )
+    return bool(step_rows) and verified and moving
 
 
 def check(rows: list[dict], steps: int, resume_log: str, bound_bytes: int | None) -> Report:
@@ -65,9 +86,11 @@ def check(rows: list[dict], steps: int, resume_log: str, bound_bytes: int | None
         if not row.get("reshard/verified_params"):
             fail(f"step {step}: reshard/verified_params missing: the weight sync was not verified")
         checksum = row.get("reshard/read_checksum")
-        if previous is not None and checksum == previous:
-            fail(f"step {step}: reshard/read_checksum unchanged: the update did not reach the rollout")
-        previous = checksum
+        if previous is not None and _updated(previous) and checksum == previous["reshard/read_checksum"]:
+            fail(
+                f"step {step}: reshard/read_checksum unchanged: step {step - 1}'s update did not reach the rollout"
+            )
+        previous = row
         if bound_bytes is not None and row.get("reshard/bytes_received") != bound_bytes:
             fail(
                 f"step {step}: reshard/bytes_received {row.get('reshard/bytes_received')} != bound {bound_bytes}"
@@ -76,4 +99,8 @@ def check(rows: list[dict], steps: int, resume_log: str, bound_bytes: int | None
             value = row.get(key)
             if value is not None and not math.isfinite(value):
                 fail(f"step {step}: {key} = {value}")
+    if report.rows and not any(_updated(r) for r in report.rows[:-1]):
+        fail(
+            "no update before the last step had a gradient: the rehearsal could not see one reach the rollout"
+        )
     return report

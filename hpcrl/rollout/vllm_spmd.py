@@ -187,6 +187,18 @@ class VLLMSpmdEngine(VLLMRolloutEngine):
             tensor_parallel_size=len(self.tensor_group),
             **kwargs,
         )
+        self._leave_teardown_to_the_job()
+
+    def _leave_teardown_to_the_job(self) -> None:
+        """Cancel vLLM's exit-time shutdown of its in-process engine core. It ends in
+        `cleanup_dist_env_and_memory`, which destroys vLLM's TP group, a torch.distributed group hpcrl
+        built (`init_vllm_parallel_groups`) and the job already destroyed with the rest of its groups
+        when the rank ends (hpcrl.launcher.element): at exit it only printed "ValueError: Invalid process
+        group specified" tracebacks. The process's end frees what the engine holds."""
+        client = self.llm.llm_engine.engine_core
+        finalizer = getattr(client, "_finalizer", None)  # vLLM's InprocClient (in-process engine core)
+        if finalizer is not None:
+            finalizer.detach()
 
     def load_shard(self, named_shards: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Load this rank's TP slices of HF-named tensors (sliced as vLLM's loader would slice the full

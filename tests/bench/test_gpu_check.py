@@ -40,6 +40,8 @@ def test_run_summary_takes_medians_after_the_first_step_and_peak_memory_per_phas
             "time/generate_s": 0.01 * i,
             "memory/generate_peak_gib": 0.1 * i,
             "mismatch/logprob_max": 1e-6 * i,
+            "reshard/verified_params": 15.0,
+            "reshard/read_checksum": 1.5 * i,
         }
         for i, tps in ((1, 1.0), (2, 100.0), (3, 200.0), (4, 300.0))
     ]
@@ -51,3 +53,24 @@ def test_run_summary_takes_medians_after_the_first_step_and_peak_memory_per_phas
     assert s["peak_gib"]["generate"] == 0.4 and s["peak_gib"]["train"] == 0.0
     assert s["mismatch_max"] == 4e-6 and s["heldout"] == (0.1, 0.6)
     assert not summarize_run({"rc": 1, "wall_s": 1.0, "rows": rows})["ok"]
+
+
+def test_a_run_whose_rollout_weights_never_change_or_whose_syncs_are_unverified_fails():
+    """The check megatron's backend needs on CUDA: an update that does not reach the rollout (the same
+    read checksum twice) or a sync not verified against the optimizer's param buffer fails the run."""
+    rows = [
+        {
+            "step": i,
+            "reward/mean": 0.5,
+            "actor/grad_norm": 1.0,
+            "reshard/verified_params": 15.0,
+            "reshard/read_checksum": c,
+        }
+        for i, c in enumerate((1.0, 2.0, 2.0))
+    ]
+    stuck = summarize_run({"rc": 0, "wall_s": 1.0, "rows": rows})
+    assert not stuck["ok"] and not stuck["weights_moved"]
+    rows[2]["reshard/read_checksum"] = 3.0
+    assert summarize_run({"rc": 0, "wall_s": 1.0, "rows": rows})["weights_moved"]
+    rows[1]["reshard/verified_params"] = 0.0
+    assert not summarize_run({"rc": 0, "wall_s": 1.0, "rows": rows})["ok"]

@@ -47,6 +47,8 @@ def not_planned(path: Path) -> str | None:
         return "a benchmark suite for `hpcrl bench run` (`programs:`), not an experiment template"
     if path.stem.endswith("-base"):
         return "a base that model templates extend (no model or layout of its own); planned through them"
+    if ((_data(path).get("rollout") or {}).get("engine")) == "vllm":
+        return "needs vLLM (rollout.engine: vllm; not in this venv): run in the vLLM tier, tests/rollout/test_vllm_rl_job.py"
     return None
 
 

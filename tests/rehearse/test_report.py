@@ -42,6 +42,12 @@ def test_a_good_rehearsal_passes_and_reports_each_step():
     ("changes", "log", "bound", "failure"),
     [
         ({(2, "reshard/read_checksum"): 11.0}, RESUMED, 1000, "step 2: reshard/read_checksum unchanged"),
+        (
+            {(0, "actor/grad_norm"): 0.0, (1, "actor/grad_norm"): 0.0},
+            RESUMED,
+            1000,
+            "no update before the last step had a gradient",
+        ),
         ({(1, "reshard/verified_params"): 0.0}, RESUMED, 1000, "step 1: reshard/verified_params missing"),
         (
             {(0, "reshard/bytes_received"): 999.0},
@@ -63,3 +69,11 @@ def test_a_step_missing_or_logged_twice_fails():
     rows = _rows()
     assert any("steps [0, 1]" in f for f in check(rows[:2] + rows[3:], 3, RESUMED, None).failures)
     assert any("steps [0, 1, 1, 2]" in f for f in check(rows + [dict(rows[1])], 3, RESUMED, None).failures)
+
+
+def test_a_step_without_a_gradient_may_leave_the_weights_as_they_were():
+    """GRPO groups that all scored alike give a zero gradient: the next sync reads the same weights, and
+    that is right (the check is that every update that had a gradient reaches the rollout)."""
+    rows = _rows({(0, "actor/grad_norm"): 0.0, (1, "reshard/read_checksum"): 10.0})
+    report = check(rows, 3, RESUMED, bound_bytes=1000)
+    assert report.ok, report.failures

@@ -16,8 +16,9 @@ from hpcrl.rollout.engine_rule import EngineFacts, resolve_engine
 from hpcrl.train.config import ModelConfig
 
 REPO = Path(__file__).resolve().parents[2]
-PARTIAL = {"smollm2_grpo"}
-"""Templates whose caller fills required fields (benchmarks/smollm2.py sets model.hf_path and data.path)."""
+PARTIAL = {"smollm2_grpo", "grpo_tiny_vllm"}
+"""Templates whose caller fills required fields (benchmarks/smollm2.py sets model.hf_path and data.path;
+benchmarks/vllm_rl.py sets grpo_tiny_vllm's model.hf_path and runs it in the vLLM venv, the vLLM tier)."""
 TEMPLATES = sorted(  # experiment templates: not benchmark suites (`programs:`), not partial `*-base.yaml`
     p
     for p in (REPO / "templates").rglob("*.yaml")
@@ -54,7 +55,16 @@ def test_auto_resolves_to_an_engine_that_runs_the_layout(engine, t_g, p_g, model
         ("hf", 1, 2, ModelConfig(), CPU, ["parallel.rollout_pipeline"]),
         ("vllm", 1, 1, HF_MODEL, CPU, ["rollout.engine"]),
         ("vllm", 1, 1, ModelConfig(), GPU_VLLM, ["model.hf_path"]),
-        ("vllm", 2, 2, ModelConfig(), GPU, ["rollout.engine", "model.hf_path", "parallel.rollout_pipeline"]),
+        (
+            "vllm",
+            2,
+            2,
+            ModelConfig(),
+            GPU,
+            ["rollout.engine", "model.hf_path", "parallel.rollout_pipeline", "model.vocab_size"],
+        ),
+        ("vllm", 2, 1, ModelConfig(hf_path="/m", vocab_size=96), GPU_VLLM, ["model.vocab_size"]),
+        ("vllm", 1, 1, ModelConfig(hf_path="/m", vocab_size=96), GPU_VLLM, []),  # no TP: whole rows
     ],
 )
 def test_an_engine_that_cannot_run_the_config_names_every_key(engine, t_g, p_g, model, facts, keys):
