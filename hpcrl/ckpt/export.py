@@ -1,8 +1,11 @@
-"""Export the model of a checkpoint as a Hugging Face directory (config.json + model.safetensors).
+"""Export the model of a checkpoint as a Hugging Face directory (config.json + model.safetensors + the
+tokenizer), one that `transformers` (or vLLM, or the next stage of a pipeline) loads on its own.
 
 Reads the whole (unsharded) parameter tensors named `{prefix}...` (see hpcrl.ckpt.megatron), merges the
 fc1 gate/up pair back into megatron's `linear_fc1.weight` = [gate; up], and converts with
-hpcrl.train.hf_convert. The ModelConfig comes from the manifest (extra["models"][prefix]).
+hpcrl.train.hf_convert. The ModelConfig comes from the manifest (extra["models"][prefix]); the tokenizer
+is the one the job trained with (hpcrl.data.tokenizer.model_tokenizer: its `model.hf_path`'s, chat
+template included, or the built-in char tokenizer of a random-init model).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import torch
 from hpcrl.ckpt.load import load_checkpoint
 from hpcrl.ckpt.manifest import CheckpointError, read_manifest
 from hpcrl.ckpt.shards import ShardSpec
+from hpcrl.data.tokenizer import model_tokenizer
 from hpcrl.train import hf_convert
 from hpcrl.train.config import ModelConfig
 
@@ -49,6 +53,14 @@ def export_hf(checkpoint: str | Path, out_dir: str | Path, *, prefix: str = "act
         hf_sd.pop("lm_head.weight", None)  # HF re-ties it on load; safetensors refuses shared storage
     out_dir.mkdir(parents=True, exist_ok=True)
     hf_convert.model_config_to_hf(cfg).save_pretrained(out_dir)
+    try:
+        tokenizer = model_tokenizer(cfg.hf_path, cfg.vocab_size)
+    except OSError as err:  # the run's model.hf_path is not readable here
+        raise CheckpointError(
+            f"{cfg.hf_path}: the tokenizer the run trained with is not readable here ({err}); export where "
+            "that directory is"
+        ) from err
+    tokenizer.save_pretrained(out_dir)
     save_file(
         {k: v.contiguous() for k, v in hf_sd.items()},
         out_dir / "model.safetensors",

@@ -131,7 +131,7 @@ def _rehearse(element, rehearsal: Rehearsal, where: Path, args, *, real_model: b
     template = where / "rehearsal.yaml"
     template.write_text(dump_yaml(data))
     if rehearsal.model_dir and not real_model:
-        _write_tiny_model(rehearsal, Path(rehearsal.overrides["model.hf_path"]))
+        _write_tiny_model(rehearsal, Path(rehearsal.overrides["model.hf_path"]), element.config.model.dtype)
     start = time.perf_counter()
     run_dir = where / "run"
     codes = [
@@ -166,14 +166,13 @@ def _launch(template: Path, run_dir: Path, log: Path, steps: int) -> int:
         )
 
 
-def _write_tiny_model(rehearsal: Rehearsal, out_dir: Path) -> None:
+def _write_tiny_model(rehearsal: Rehearsal, out_dir: Path, dtype: str) -> None:
     # transformers and torch: only when a rehearsal runs (`hpcrl --help` imports every command module)
-    from hpcrl.data.tasks import ALPHABET
-    from hpcrl.data.tokenizer import build_char_tokenizer
+    from hpcrl.data.tokenizer import model_tokenizer
     from hpcrl.train.hf_dir import write_random_model
 
-    cfg = ModelConfig(**rehearsal.model, dtype=rehearsal.overrides.get("model.dtype", "float32"))
-    write_random_model(cfg, out_dir, build_char_tokenizer(ALPHABET, cfg.vocab_size))
+    cfg = ModelConfig(**rehearsal.model, dtype=dtype)
+    write_random_model(cfg, out_dir, model_tokenizer(None, cfg.vocab_size))
 
 
 def _bound_bytes(element, rehearsal: Rehearsal) -> int | None:

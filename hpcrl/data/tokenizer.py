@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
+from hpcrl.data.tasks import ALPHABET
 from hpcrl.errors import ConfigError, Problem
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
@@ -36,6 +37,21 @@ def build_char_tokenizer(alphabet: str, vocab_size: int | None = None) -> PreTra
     return PreTrainedTokenizerFast(
         tokenizer_object=core, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
     )
+
+
+def model_tokenizer(hf_path: str | None, vocab_size: int | None) -> PreTrainedTokenizerBase:
+    """A model's tokenizer: its HF directory's when it starts from one (the pad token set to EOS where the
+    model has none, e.g. Llama-2: padding is masked out, any id will do), else the built-in char
+    tokenizer over the tasks' ALPHABET, sized to `vocab_size` (what every random-init job trains with,
+    and what an HF export of such a job carries)."""
+    if hf_path is None:
+        return build_char_tokenizer(ALPHABET, vocab_size=vocab_size)
+    from transformers import AutoTokenizer  # the class that reads any HF directory's tokenizer files
+
+    tokenizer = AutoTokenizer.from_pretrained(hf_path, local_files_only=True)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
 
 
 def encode_prompts(

