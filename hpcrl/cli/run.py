@@ -42,6 +42,9 @@ def main(args) -> int:
     if not 0 <= index < len(sweep.elements):
         raise ConfigError(Problem(f"--index {index} is outside 0..{len(sweep.elements) - 1}", key="--index"))
     element = sweep.elements[index]
+    problems = sweeps.run_root_problems([element.config.run_root])
+    if problems:
+        raise ConfigError(problems)
     with sweeps.writing(None, "run_root"):
         config_path = sweeps.write_config(element)
     print(f"run dir: {element.run_dir}", flush=True)

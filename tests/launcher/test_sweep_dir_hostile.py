@@ -30,6 +30,7 @@ from hpcrl import cli
 from hpcrl.errors import ConfigError
 from hpcrl.launcher import local, slurm
 from hpcrl.launcher.manifest import MANIFEST, load_manifest, manifest_from_json
+from tests.hostile_paths import Sandbox, hostile_paths
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO / "templates" / "grpo_tiny.yaml"
@@ -383,3 +384,78 @@ def test_a_fifo_log_is_named_not_read(sweep, capsys):
     os.mkfifo(sweep / "local" / "0.log")
     code, out, _ = run_cli(capsys, "logs", sweep, 0)
     assert code == 0 and "not a regular file" in out
+
+
+# --- 7. output directories: never through a symlink, never someone else's folder (hpcrl.config.output_dirs)
+
+
+@pytest.fixture
+def planted(tmp_path) -> tuple[Path, Path]:
+    """A link planted where a user will type a path (the README's /tmp/demo), to a victim directory
+    (standing in for /etc: this suite runs as root)."""
+    victim = tmp_path / "etc"
+    victim.mkdir()
+    (victim / "passwd").write_text("root:x:0:0\n")
+    (tmp_path / "demo").symlink_to(victim)
+    return tmp_path / "demo", victim
+
+
+@pytest.mark.parametrize("tail", ["", "sweep"])
+def test_a_sweep_dir_through_a_symlink_is_exit_2_and_writes_nothing_there(planted, capsys, tail):
+    """Was: configs/, sbatch/ and manifest.json written into the link's target."""
+    link, victim = planted
+    code, _, err = run_cli(
+        capsys, "submit", TEMPLATE, "--dry-run", "--sweep_dir", link / tail if tail else link
+    )
+    assert code == 2 and "--sweep_dir: " in err and "symbolic link" in err and "Traceback" not in err
+    assert sorted(p.name for p in victim.iterdir()) == ["passwd"]
+
+
+def test_a_foreign_non_empty_folder_is_not_a_sweep_dir(tmp_path, capsys):
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    (folder / "cat.jpg").write_bytes(b"\xff\xd8")
+    code, _, err = run_cli(capsys, "submit", TEMPLATE, "--dry-run", "--sweep_dir", folder)
+    assert code == 2 and "--sweep_dir: is a non-empty folder that is not a sweep directory" in err
+    assert sorted(p.name for p in folder.iterdir()) == ["cat.jpg"]
+
+
+def test_a_dry_run_sweep_dir_may_be_reused(sweep, capsys):
+    assert run_cli(capsys, "submit", TEMPLATE, "--dry-run", "--sweep_dir", sweep)[0] == 0
+
+
+@pytest.mark.parametrize("where", ["link", "folder"])
+def test_a_run_root_through_a_symlink_or_in_a_folder_of_files_is_exit_2(planted, tmp_path, capsys, where):
+    """`hpcrl run T --run_root /etc` made /etc/<name>/<id>/ and wrote the run there."""
+    link, victim = planted
+    root = link if where == "link" else victim
+    code, _, err = run_cli(capsys, "run", TEMPLATE, "--run_root", root)
+    assert code == 2 and ":run_root: " in err and "Traceback" not in err
+    assert sorted(p.name for p in victim.iterdir()) == ["passwd"]
+
+
+PROBE = "entrypoint: hpcrl.launcher.probe:main\nname: probe\n"
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_hostile_sweep_dir_is_refused_in_one_line_or_written_only_where_it_leads(tmp_path, capsys, data):
+    sandbox = Sandbox.make(tmp_path / "sandbox")
+    path = data.draw(hostile_paths(sandbox))
+    before = sandbox.listing()
+    code, _, err = run_cli(capsys, "submit", TEMPLATE, "--dry-run", "--sweep_dir", path)
+    sandbox.check(path, code, err, "--sweep_dir", before)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_hostile_run_root_is_refused_in_one_line_or_written_only_where_it_leads(tmp_path, capsys, data):
+    """`hpcrl run` of the probe entrypoint (one rank, in this process): its run directory is the one
+    written under the run root."""
+    sandbox = Sandbox.make(tmp_path / "sandbox")
+    template = tmp_path / "probe.yaml"
+    template.write_text(PROBE)
+    path = data.draw(hostile_paths(sandbox))
+    before = sandbox.listing()
+    code, _, err = run_cli(capsys, "run", template, "--run_root", path)
+    sandbox.check(path, code, err, "run_root", before)
