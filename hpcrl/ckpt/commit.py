@@ -20,6 +20,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 import threading
 from datetime import datetime, timezone
 from pathlib import Path
@@ -58,15 +59,23 @@ def step_of(path: Path) -> int | None:
 
 def read_latest(root: Path) -> Path | None:
     """The directory `latest` names, or None when there is no usable `latest`: none yet, unreadable,
-    empty, garbled, or naming a directory that is not there. A damaged root must stop neither a save nor
-    a resume: readers then consider every committed directory (`candidates`)."""
+    empty, garbled, or naming anything but a real directory (absent, a plain file, a symlink: a loop, or
+    a link out of the root, which the loader refuses anyway). A damaged root must stop neither a save
+    nor a resume: readers then consider every committed directory (`candidates`, which says so)."""
     try:
         name = (root / LATEST).read_text().strip()
-    except (OSError, ValueError):  # missing, a directory, not UTF-8
+    except (OSError, ValueError):  # missing, a directory, a loop, not UTF-8
         return None
-    if not _COMMITTED.match(name) or not os.path.lexists(root / name):
+    if not _COMMITTED.match(name) or not _real_dir(root / name):
         return None
     return root / name
+
+
+def _real_dir(path: Path) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def candidates(root: Path) -> list[Path]:
