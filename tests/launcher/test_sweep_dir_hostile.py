@@ -459,3 +459,24 @@ def test_any_hostile_run_root_is_refused_in_one_line_or_written_only_where_it_le
     before = sandbox.listing()
     code, _, err = run_cli(capsys, "run", template, "--run_root", path)
     sandbox.check(path, code, err, "run_root", before)
+
+
+# --- 8. what a terminal is shown of a manifest is escaped ----------------------------------------------
+
+
+def test_status_escapes_control_characters_of_every_cell(sweep, capsys):
+    """A manifest's swept values went to the terminal raw, ESC sequences included (terminal injection)."""
+    data = manifest_data(sweep)
+    data["keys"] = ["seed\x1b[2J"]
+    data["name"] = "n\x1b]0;title\x07"
+    data["entries"][0].update(swept={"seed\x1b[2J": "\x1b[31mred\nforged line"}, reason="r\x1b[5m")
+    write_manifest(sweep, data)
+    code, out, err = run_cli(capsys, "status", sweep)
+    assert code == 0, err
+    assert "\x1b" not in out + err and "\x07" not in out
+    assert "\\x1b[31mred\\nforged line" in out and "forged line" not in out.replace("\\nforged line", "")
+
+
+def test_a_parser_error_is_one_line_without_a_literal_newline(sweep, capsys):
+    code, _, err = run_cli(capsys, "logs", sweep, "x")
+    assert code == 2 and err.count("\n") == 1 and "\\n" not in err and 'key "index"' in err
