@@ -350,10 +350,13 @@ def refresh(manifest: Manifest, notes: list[str] | None = None) -> Manifest:
     submitted = [e for e in manifest.entries if e.job_id]
     if manifest.executor == "local":
         for e in submitted:
+            # the runner's record, else (deleted by hand, a cleaned sweep) the manifest's last known state:
+            # a known end stays (a FAILED element is resumed, a COMPLETED one is not), and an element
+            # not ended whose runner is gone is LOST (it was UNKNOWN, which `resume` skipped)
             record = local.read_state(Path(manifest.sweep_dir), e.index)
-            state = record.get("state", "UNKNOWN")
+            state = record.get("state", e.state)
             runner_pid = int(e.job_id.split(":")[1].split("_")[0])
-            if state in ("PENDING", "RUNNING") and not local.pid_alive(runner_pid):
+            if state not in FINAL and not local.pid_alive(runner_pid):
                 state = "LOST"
             e.state = state
             e.reason = _local_reason(e, record)
@@ -398,6 +401,10 @@ def _local_reason(entry: Entry, record: dict[str, Any]) -> str | None:
     """A local element's reason: the first line of the error its rank 0 recorded, else its exit code."""
     if entry.state in ("COMPLETED", "PENDING", "RUNNING"):
         return None
+    if entry.state == "LOST":
+        return "its local runner is gone and recorded no end"
+    if not record:
+        return entry.reason  # the manifest's, the record being gone
     error = launcher_record(entry.run_dir).get("error")
     if error:
         return cut(str(error).strip().splitlines()[0], slurm.REASON_CHARS)

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from hpcrl import cli
 from hpcrl.errors import ConfigError
-from hpcrl.launcher import local, slurm
+from hpcrl.launcher import local, slurm, sweeps
 from hpcrl.launcher.manifest import MANIFEST, load_manifest, manifest_from_json
 from tests.hostile_paths import Sandbox, hostile_paths
 
@@ -480,3 +480,27 @@ def test_status_escapes_control_characters_of_every_cell(sweep, capsys):
 def test_a_parser_error_is_one_line_without_a_literal_newline(sweep, capsys):
     code, _, err = run_cli(capsys, "logs", sweep, "x")
     assert code == 2 and err.count("\n") == 1 and "\\n" not in err and 'key "index"' in err
+
+
+# --- 9. a local element without its state record ------------------------------------------------------
+
+
+def _gone_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+@pytest.mark.parametrize(
+    ("state", "expected"), [("FAILED", "FAILED"), ("RUNNING", "LOST"), ("UNKNOWN", "LOST")]
+)
+def test_a_local_element_whose_state_file_is_gone_keeps_its_end_or_is_lost(sweep, capsys, state, expected):
+    """Was UNKNOWN (a FAILED element included), which `resume` skipped; the README says such an element
+    is LOST and run again."""
+    edit_entry(sweep, "local", job_id=f"local:{_gone_pid()}_0", state=state, reason="RuntimeError: boom")
+    assert not (sweep / "local" / "0.json").exists()
+    code, _, err = run_cli(capsys, "status", sweep, "--json")
+    assert code == 0, err
+    manifest = load_manifest(sweep)
+    assert manifest.entries[0].state == expected
+    assert [e.index for e in sweeps.resubmittable(manifest)] == [0]
