@@ -33,6 +33,8 @@ from hpcrl.experiment.elements import config_id
 from hpcrl.experiment.resolve import ResolvedConfig, Sweep
 from hpcrl.launcher import local, preflight, slurm
 from hpcrl.launcher.manifest import (
+    CONFIG_FILE,
+    DRY_RUN_CONFIGS,
     FINAL,
     MANIFEST,
     RESUBMITTABLE,
@@ -43,9 +45,7 @@ from hpcrl.launcher.manifest import (
 )
 from hpcrl.progress import Track, untracked
 
-CONFIG_FILE = "config.yaml"
 SLURM_DIR = "slurm"
-DRY_RUN_CONFIGS = "configs"
 SBATCH_DIR = "sbatch"
 
 

@@ -251,9 +251,10 @@ def test_a_fifo_manifest_is_exit_2(sweep, capsys):
 
 @pytest.mark.timeout(20)
 def test_a_fifo_config_path_does_not_hang_resume(sweep, capsys):
-    fifo = sweep / "fifo.yaml"
+    fifo = Path(load_manifest(sweep).entries[0].config_path)  # where this dry run's config is
+    fifo.unlink()
     os.mkfifo(fifo)
-    edit_entry(sweep, config_path=str(fifo), state="FAILED")
+    edit_entry(sweep, state="FAILED")
     code, _, err = run_cli(capsys, "resume", sweep)
     assert code == 2 and "not a regular file" in err
 
@@ -504,3 +505,33 @@ def test_a_local_element_whose_state_file_is_gone_keeps_its_end_or_is_lost(sweep
     manifest = load_manifest(sweep)
     assert manifest.entries[0].state == expected
     assert [e.index for e in sweeps.resubmittable(manifest)] == [0]
+
+
+# --- 10. a manifest's config_path is the element's config, read in the sweep ------------------------------
+
+
+@pytest.mark.parametrize("kind", ["etc_passwd", "fifo", "huge", "outside_configs"])
+@pytest.mark.parametrize("command", ["status", "resume"])
+def test_a_config_path_that_is_not_the_elements_config_is_refused_naming_the_entry(
+    sweep, tmp_path, capsys, kind, command
+):
+    """Was refused only after /etc/passwd had been read and fingerprinted, and reported as
+    `run_root: ... choose another run_root`."""
+    special = {"etc_passwd": Path("/etc/passwd"), "outside_configs": tmp_path / "configs" / "x.yaml"}
+    if kind == "fifo":
+        special[kind] = tmp_path / "fifo"
+        os.mkfifo(special[kind])
+    elif kind == "huge":
+        special[kind] = tmp_path / "huge.yaml"
+        with special[kind].open("wb") as fh:
+            fh.truncate(20 << 20)
+    edit_entry(sweep, config_path=str(special[kind]), state="FAILED")
+    code, _, err = run_cli(capsys, command, sweep)
+    assert code == 2 and f"{sweep / MANIFEST}:entries[0].config_path: " in err and "run_root" not in err, err
+
+
+def test_a_moved_dry_run_reads_its_configs_in_its_new_place(sweep, capsys):
+    moved = sweep.with_name("moved")
+    sweep.rename(moved)
+    [entry] = load_manifest(moved).entries
+    assert Path(entry.config_path).parent == moved / "configs" and Path(entry.config_path).is_file()
