@@ -5,7 +5,8 @@
     root/latest                       "step_00000010" — replaced atomically (tmp + rename + fsync)
     root/step_00000004.trash-<token>/ being deleted by keep-last-k (ignored by readers)
     root/step_00000012.rejected-<UTC time>/  failed verification on a load that fell back past it: kept
-                                      for inspection, never read, pruned or committed over (`set_aside`)
+                                      for inspection (the newest keep_rejected: `prune_rejected`), never
+                                      read or committed over (`set_aside`)
 
 A crash at any moment leaves `latest` naming a complete, committed directory (or no `latest` before
 the first commit). Old checkpoints are deleted only after the new one committed and verified, and a
@@ -136,6 +137,18 @@ def prune(root: Path, keep_last: int, token: str, *, background: bool = False) -
         threading.Thread(target=_delete_all, args=(trash,), name="hpcrl-ckpt-prune", daemon=True).start()
     else:
         _delete_all(trash)
+    return removed
+
+
+def prune_rejected(root: Path, keep: int) -> list[Path]:
+    """Delete all but the newest `keep` rejected checkpoints (`set_aside`'s `<name>.rejected-<UTC time>`;
+    newest by that time, whatever step they were). Returns the ones deleted."""
+    if not root.is_dir():
+        return []
+    rejected = [p for p in root.iterdir() if REJECTED in p.name and p.is_dir() and not p.is_symlink()]
+    rejected.sort(key=lambda p: p.name.rpartition(REJECTED)[2], reverse=True)  # the stamp sorts as text
+    removed = rejected[keep:]
+    _delete_all(removed)
     return removed
 
 

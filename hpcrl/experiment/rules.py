@@ -10,6 +10,7 @@ import functools
 import re
 
 from hpcrl.algorithm.registry import algorithm_problems
+from hpcrl.ckpt.config import checkpoint_problems
 from hpcrl.cluster.rules import check_cluster
 from hpcrl.distributed.layout import ModelDims, ParallelLayout, model_problems
 from hpcrl.errors import ConfigError, Problem, short
@@ -105,7 +106,9 @@ def check_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
                     f"(cluster.nodes={cl.nodes} x {gpus} per node)",
                 )
             )
-    out += _model_rules(cfg) + _sampling_rules(cfg) + _algorithm_rules(cfg)
+    out += (
+        _model_rules(cfg) + _sampling_rules(cfg) + _algorithm_rules(cfg) + checkpoint_problems(cfg.checkpoint)
+    )
     if not _ENTRYPOINT.fullmatch(cfg.entrypoint):
         out.append(("entrypoint", f"expected 'package.module:function', got {short(cfg.entrypoint)}"))
     out += _name_rules(cfg.name) + _required_rules(cfg)
