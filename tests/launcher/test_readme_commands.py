@@ -116,6 +116,20 @@ def test_ids_and_values_the_readme_shows_are_the_real_ones(shown, capsys, monkey
                 assert value == str(element["swept"][key]), (template, key, row)
 
 
+SHOWN_RUN_DIRS = re.findall(r"runs/(\w+)/([0-9a-f]{10})\b", README)
+
+
+def test_the_run_dirs_the_readme_shows_are_the_templates_config_ids(capsys, monkeypatch):
+    """`runs/grpo_tiny/<id>` in the main job's shown output is templates/grpo_tiny.yaml's config id (a new
+    config field changes every id)."""
+    assert SHOWN_RUN_DIRS
+    monkeypatch.chdir(REPO)
+    for name, shown_id in SHOWN_RUN_DIRS:
+        capsys.readouterr()
+        assert cli.main(["expand", f"templates/{name}.yaml", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out.splitlines()[0])["config_id"] == shown_id, name
+
+
 def test_the_override_example_of_the_main_job_runs(tmp_path):
     """Two ranks from the layout alone (locally tasks_per_node follows it); 2 steps keep it short."""
     argv = [*shlex.split(RUN_EXAMPLE)[1:], "--algorithm.steps", "2", "--run_root", str(tmp_path)]
