@@ -28,16 +28,24 @@ def short(value: object) -> str:
     return _SHORT.repr(value)
 
 
+def printable(text: str) -> str:
+    """`text` with every non-printable character escaped as Python writes it ('\\n', '\\x1b'): what a
+    terminal is shown of data (a manifest's swept values, a file name) never drives it or forges lines."""
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
+
+
 def cut(text: str, limit: int) -> str:
     """`text` on one line and at most `limit` characters (plus a note of how much was left out).
 
-    Non-printable characters are escaped (a newline or ESC in a file name must not forge output lines
-    or drive the terminal)."""
+    Non-printable characters are escaped (`printable`: a newline or ESC in a file name must not forge
+    output lines or drive the terminal)."""
     if len(text) <= limit and text.isprintable():
         return text
     pieces, width, used = [], 0, 0
     for char in text:
-        piece = char if char.isprintable() else repr(char)[1:-1]
+        piece = printable(char)
         if width + len(piece) > limit:
             break
         pieces.append(piece)

@@ -49,7 +49,7 @@ _WRITER_NICE = 10
 class Checkpointer:
     """One per rank. `group` is the process group whose ranks save together (None: this process alone).
 
-    `keep_last` and `timeout_s` mean what CheckpointConfig's fields of those names mean and default to
+    `keep_last`, `keep_rejected` and `timeout_s` mean what CheckpointConfig's fields of those names mean and default to
     them. `async_save` has no default here: a caller that saves and then reads the files at once must
     not get a background save by omission, so each caller says which it wants (a run takes
     CheckpointConfig.async_save through `from_config`)."""
@@ -61,13 +61,17 @@ class Checkpointer:
         async_save: bool,
         group: dist.ProcessGroup | None = None,
         keep_last: int = CheckpointConfig.keep_last,
+        keep_rejected: int = CheckpointConfig.keep_rejected,
         timeout_s: float = CheckpointConfig.timeout_s,
     ) -> None:
         if keep_last < 1:
             raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+        if keep_rejected < 0:
+            raise ValueError(f"keep_rejected must be >= 0, got {keep_rejected}")
         self.root = Path(root)
         self.group = group
         self.keep_last = keep_last
+        self.keep_rejected = keep_rejected
         self.async_save = async_save
         self.timeout_s = timeout_s
         self.last_save_s: float | None = None
@@ -106,6 +110,7 @@ class Checkpointer:
             capture_rng(),
             dict(layout or {}),
             self.keep_last,
+            self.keep_rejected,
             self.timeout_s,
             dict(extra or {}),
             background=self.async_save,
@@ -172,7 +177,12 @@ class Checkpointer:
     ) -> Checkpointer:
         root = Path(cfg.dir) if cfg.dir else Path(run_dir) / "checkpoints"
         return cls(
-            root, group=group, keep_last=cfg.keep_last, async_save=cfg.async_save, timeout_s=cfg.timeout_s
+            root,
+            group=group,
+            keep_last=cfg.keep_last,
+            keep_rejected=cfg.keep_rejected,
+            async_save=cfg.async_save,
+            timeout_s=cfg.timeout_s,
         )
 
     @property

@@ -5,7 +5,8 @@
     root/latest                       "step_00000010" — replaced atomically (tmp + rename + fsync)
     root/step_00000004.trash-<token>/ being deleted by keep-last-k (ignored by readers)
     root/step_00000012.rejected-<UTC time>/  failed verification on a load that fell back past it: kept
-                                      for inspection, never read, pruned or committed over (`set_aside`)
+                                      for inspection (the newest keep_rejected: `prune_rejected`), never
+                                      read or committed over (`set_aside`)
 
 A crash at any moment leaves `latest` naming a complete, committed directory (or no `latest` before
 the first commit). Old checkpoints are deleted only after the new one committed and verified, and a
@@ -20,6 +21,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 import threading
 from datetime import datetime, timezone
 from pathlib import Path
@@ -58,15 +60,23 @@ def step_of(path: Path) -> int | None:
 
 def read_latest(root: Path) -> Path | None:
     """The directory `latest` names, or None when there is no usable `latest`: none yet, unreadable,
-    empty, garbled, or naming a directory that is not there. A damaged root must stop neither a save nor
-    a resume: readers then consider every committed directory (`candidates`)."""
+    empty, garbled, or naming anything but a real directory (absent, a plain file, a symlink: a loop, or
+    a link out of the root, which the loader refuses anyway). A damaged root must stop neither a save
+    nor a resume: readers then consider every committed directory (`candidates`, which says so)."""
     try:
         name = (root / LATEST).read_text().strip()
-    except (OSError, ValueError):  # missing, a directory, not UTF-8
+    except (OSError, ValueError):  # missing, a directory, a loop, not UTF-8
         return None
-    if not _COMMITTED.match(name) or not os.path.lexists(root / name):
+    if not _COMMITTED.match(name) or not _real_dir(root / name):
         return None
     return root / name
+
+
+def _real_dir(path: Path) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def candidates(root: Path) -> list[Path]:
@@ -127,6 +137,18 @@ def prune(root: Path, keep_last: int, token: str, *, background: bool = False) -
         threading.Thread(target=_delete_all, args=(trash,), name="hpcrl-ckpt-prune", daemon=True).start()
     else:
         _delete_all(trash)
+    return removed
+
+
+def prune_rejected(root: Path, keep: int) -> list[Path]:
+    """Delete all but the newest `keep` rejected checkpoints (`set_aside`'s `<name>.rejected-<UTC time>`;
+    newest by that time, whatever step they were). Returns the ones deleted."""
+    if not root.is_dir():
+        return []
+    rejected = [p for p in root.iterdir() if REJECTED in p.name and p.is_dir() and not p.is_symlink()]
+    rejected.sort(key=lambda p: p.name.rpartition(REJECTED)[2], reverse=True)  # the stamp sorts as text
+    removed = rejected[keep:]
+    _delete_all(removed)
     return removed
 
 

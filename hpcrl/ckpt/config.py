@@ -34,8 +34,28 @@ class CheckpointConfig:
     """Save at the end of the run."""
     fallback: bool = True
     """On resume, fall back to the previous committed checkpoint when `latest` does not verify; the
-    rejected one is renamed `step_N.rejected-<UTC time>` (kept for inspection; it never blocks a commit)."""
+    rejected one is renamed `step_N.rejected-<UTC time>` (kept for inspection, see `keep_rejected`; it
+    never blocks a commit)."""
+    keep_rejected: int = 1
+    """Rejected checkpoints (`step_N.rejected-<UTC time>`) kept for inspection, the newest first; older
+    ones are deleted before the next save (0: all of them). A rejected checkpoint is as large as a good
+    one, and a run that falls back after each of many crashes would otherwise fill the disk with them."""
     deadline_safety: float = 1.5
     """Save and stop when the job's time left < this x (slowest step + slowest save)."""
     timeout_s: float = 600.0
     """Rank 0 waits this long for every rank's file of a save before the save fails (not committed)."""
+
+
+def checkpoint_problems(cfg: CheckpointConfig) -> list[tuple[str, str]]:
+    """The counts of this section, as (dotted key, message): checked at expand/submit, not first on the
+    ranks (a Checkpointer refuses them too)."""
+    rules = [
+        (
+            "checkpoint.every_steps",
+            cfg.every_steps >= 0,
+            f"must be >= 0 (0: no periodic save), got {cfg.every_steps}",
+        ),
+        ("checkpoint.keep_last", cfg.keep_last >= 1, f"must be >= 1, got {cfg.keep_last}"),
+        ("checkpoint.keep_rejected", cfg.keep_rejected >= 0, f"must be >= 0, got {cfg.keep_rejected}"),
+    ]
+    return [(key, message) for key, ok, message in rules if not ok]

@@ -6,25 +6,54 @@
     shard_fingerprint  sha256 over every shard's box and file: same parallel layout <=> same value
     tensors            name -> {global_shape, dtype, partition, shards: [{offset, shape, file, dataset}]}
     files              file -> {size, segments: [[start, stop, digest]...], digest, byte_offsets: {dataset: int}}
-    rng                group rank -> capture_rng() of that rank
+    rng                group rank -> capture_rng() of that rank (one per rank that saved: 0..world_size-1)
     state              RunState (step, data cursor, algorithm state, run id, tracker run id, restart count)
+    manifest_digest    sha256 of the canonical JSON of everything above (`manifest_digest`)
 
-JSON only; parsed and schema-checked before any tensor is read.
+JSON only, at most MAX_MANIFEST_BYTES; its own digest checked, then parsed and schema-checked before any
+tensor is read. The digest guards what no file checksum covers (the data cursor, the RNG states, the
+model config under `extra`, the layout) against a torn or bit-flipped manifest that is still JSON; like
+the file checksums, not against a forger (who can recompute it). A manifest written before the digest
+has none, and is read as before.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hpcrl.ckpt.shards import DTYPE_NAMES, Box, check_box, check_partition, check_tiling, itemsize
 from hpcrl.ckpt.state import RunState
+from hpcrl.config.safe_read import read_capped
 
 FORMAT = "hpcrl-ckpt/1"
 MANIFEST = "manifest.json"
+MAX_MANIFEST_BYTES = 256 << 20
+"""A manifest lists every shard and every 4 MiB checksum segment: ~10 MB for a 70B model sharded over
+1,000 ranks. 256 MiB refuses a runaway or hostile file before json reads it into memory."""
+DIGEST_KEY = "manifest_digest"
+_RANK_FILE = re.compile(r"rank_(\d{5,})\.h5")
+
+
+def rank_file(rank: int) -> str:
+    """The file group rank `rank` writes its shards to."""
+    return f"rank_{rank:05d}.h5"
+
+
+def rank_of_file(name: str) -> int | None:
+    """The group rank whose file `name` is (`rank_file`), or None when it is no rank's file name."""
+    match = _RANK_FILE.fullmatch(name)
+    return int(match.group(1)) if match else None
+
+
+def manifest_digest(data: dict[str, Any]) -> str:
+    """sha256 of the canonical JSON (sorted keys, no spaces) of a manifest's fields but its digest."""
+    rest = {key: value for key, value in data.items() if key != DIGEST_KEY}
+    return hashlib.sha256(json.dumps(rest, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 class CheckpointError(RuntimeError):
@@ -92,6 +121,11 @@ class Manifest:
         )
 
     def to_json(self) -> dict[str, Any]:
+        data = self._fields_json()
+        data[DIGEST_KEY] = manifest_digest(data)
+        return data
+
+    def _fields_json(self) -> dict[str, Any]:
         return {
             "format": self.format,
             "hpcrl_version": self.hpcrl_version,
@@ -136,6 +170,8 @@ class Manifest:
         """Parse and check a manifest: every field's type (`ManifestError` names the field), then that
         it agrees with itself (`check_consistent`), so nothing downstream meets a value of the wrong kind."""
         data = _obj(data, "manifest")
+        if DIGEST_KEY in data and data[DIGEST_KEY] != manifest_digest(data):
+            raise ManifestError(f"{DIGEST_KEY} does not match its content (a damaged manifest)")
         if data.get("format") != FORMAT:
             raise ValueError(f"format is {data.get('format')!r}, expected {FORMAT!r}")
         manifest = cls(
@@ -184,10 +220,26 @@ def check_consistent(manifest: Manifest) -> None:
                 )
     for name, entry in manifest.files.items():
         _check_file(name, entry, _claimed_ranges(manifest, name))
+    _check_ranks(manifest)
     if RunState.from_json(manifest.state).step != manifest.step:
         raise ManifestError(
             f"state step {manifest.state['step']} differs from the manifest's step {manifest.step}"
         )
+
+
+def _check_ranks(manifest: Manifest) -> None:
+    """The ranks the manifest says saved it are the ranks whose RNG states it lists: one per rank
+    0..world_size-1 (a manifest claiming 10^9 ranks with one state was 'verified'). Its files are each a
+    rank's below world_size: a rule of the trust boundary (hpcrl.ckpt.trust.check_manifest), after the
+    one that file names are plain."""
+    world = manifest.world_size
+    if world < 1 or len(manifest.rng) != world:
+        raise ManifestError(
+            f"world_size {world}, but RNG states of {len(manifest.rng)} rank(s): one per rank that saved"
+        )
+    for rank in manifest.rng:
+        if not (rank.isascii() and rank.isdigit() and int(rank) < world and str(int(rank)) == rank):
+            raise ManifestError(f"rng: {rank!r:.40} is not a group rank below world_size {world}")
 
 
 def _check_tensor(name: str, tensor: TensorEntry, files: dict[str, FileEntry]) -> None:
@@ -338,9 +390,11 @@ def read_manifest(directory: Path) -> Manifest:
     and the rule broken on failure."""
     path = directory / MANIFEST
     try:
-        data = json.loads(path.read_bytes())
+        data = json.loads(read_capped(path, MAX_MANIFEST_BYTES, follow_symlinks=False))
     except FileNotFoundError:
         raise CorruptCheckpoint(f"{path}: manifest missing") from None
+    except OSError as err:  # a symlink, not a regular file, over MAX_MANIFEST_BYTES
+        raise CorruptCheckpoint(f"{path}: manifest unreadable: {err.strerror or err}") from None
     except (ValueError, RecursionError) as err:  # torn, not UTF-8, nested beyond the parser's depth
         raise CorruptCheckpoint(f"{path}: manifest does not parse: {err!r}") from err
     try:

@@ -14,12 +14,8 @@ from dataclasses import dataclass
 import torch.distributed as dist
 
 from hpcrl.ckpt.collectives import all_gather_json, group_rank, group_size
-from hpcrl.ckpt.manifest import ShardEntry, TensorEntry
+from hpcrl.ckpt.manifest import ShardEntry, TensorEntry, rank_file
 from hpcrl.ckpt.shards import Box, ShardedTensor, ShardError, check_tiling, check_unique_names, dtype_name
-
-
-def rank_file(rank: int) -> str:
-    return f"rank_{rank:05d}.h5"
 
 
 @dataclass(frozen=True)

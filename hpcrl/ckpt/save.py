@@ -28,10 +28,10 @@ import torch.distributed as dist
 
 from hpcrl import __version__
 from hpcrl.ckpt.collectives import any_rank
-from hpcrl.ckpt.commit import commit, prune, remove_leftovers, tmp_dir
+from hpcrl.ckpt.commit import commit, prune, prune_rejected, remove_leftovers, tmp_dir
 from hpcrl.ckpt.integrity import file_digest, fsync_dir, write_durable
-from hpcrl.ckpt.manifest import MANIFEST, CheckpointError, FileEntry, Manifest
-from hpcrl.ckpt.plan import SavePlan, rank_file
+from hpcrl.ckpt.manifest import MANIFEST, CheckpointError, FileEntry, Manifest, rank_file
+from hpcrl.ckpt.plan import SavePlan
 from hpcrl.ckpt.rankfile import write_rank_file
 from hpcrl.ckpt.state import RunState
 from hpcrl.ckpt.verify import check_committed
@@ -51,6 +51,7 @@ class SaveJob:
     rng: dict[str, Any]
     layout: dict[str, Any]
     keep_last: int
+    keep_rejected: int
     timeout_s: float
     extra: dict[str, Any]
     background: bool = False
@@ -136,9 +137,11 @@ def commit_save(job: SaveJob) -> Path:
 
 
 def tidy_root(job: SaveJob) -> None:
-    """Rank 0, before writing: a crash may have left tmp dirs, unpublished dirs, or skipped the last prune."""
+    """Rank 0, before writing: a crash may have left tmp dirs, unpublished dirs, or skipped the last prune;
+    a load may have set rejected checkpoints aside (kept: the newest `keep_rejected`)."""
     remove_leftovers(job.root, keep=job.tmp)
     prune(job.root, job.keep_last, job.plan.token)
+    prune_rejected(job.root, job.keep_rejected)
 
 
 def abort_save(job: SaveJob) -> None:

@@ -111,7 +111,16 @@ def restore_rng(state: dict[str, Any]) -> None:
     )
     torch.set_rng_state(_unb64(state["torch"]))
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([_unb64(s) for s in state["cuda"]])
+        _restore_cuda([_unb64(s) for s in state["cuda"]])
+
+
+def _restore_cuda(states: list[torch.Tensor]) -> None:
+    """Device i gets saved state i, for the devices this process has and the checkpoint saved: which
+    devices exist is this machine's business (`check_rng`'s rule), e.g. a resume on fewer GPUs, or with
+    CUDA_VISIBLE_DEVICES narrowed to the rank's own GPU. torch's `set_rng_state_all` raised for a saved
+    state beyond the last device, after the checkpoint had been accepted."""
+    for index, cuda_state in enumerate(states[: torch.cuda.device_count()]):
+        torch.cuda.set_rng_state(cuda_state, index)
 
 
 def check_rng(state: Any) -> None:

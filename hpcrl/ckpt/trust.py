@@ -9,7 +9,8 @@ Paths:
 - a step directory found under a checkpoint root is a real directory there, not a symbolic link;
 - its `manifest.json` and every file the manifest names are regular files directly in that directory:
   plain names (letters, digits, `_`, `.`, `-`; no `/`, no `..`, not absolute), no symbolic links;
-- the manifest of a directory named `step_N` is the manifest of step N.
+- the manifest of a directory named `step_N` is the manifest of step N;
+- each file is the file of a rank that saved it (`rank_NNNNN.h5`, rank below world_size).
 HDF5 (each dataset about to be read):
 - a plain name in the file's root group, reached by a hard link (no soft or external link);
 - a dataset stored in the same file: not virtual (VDS), no external raw storage, contiguous or chunked
@@ -34,7 +35,7 @@ import numpy as np
 from h5py import h5d
 
 from hpcrl.ckpt.commit import candidates, step_of
-from hpcrl.ckpt.manifest import MANIFEST, CorruptCheckpoint, Manifest
+from hpcrl.ckpt.manifest import MANIFEST, CorruptCheckpoint, Manifest, rank_of_file
 from hpcrl.ckpt.shards import storage_dtype
 
 _PLAIN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
@@ -71,6 +72,12 @@ def check_manifest(directory: Path, manifest: Manifest) -> None:
         if not _PLAIN.fullmatch(file):
             raise CorruptCheckpoint(
                 f"{directory / MANIFEST}: file name {file!r} is not a plain name inside the step directory"
+            )
+        rank = rank_of_file(file)
+        if rank is None or rank >= manifest.world_size:
+            raise CorruptCheckpoint(
+                f"{directory / MANIFEST}: file {file!r} is not the file of a rank below world_size "
+                f"{manifest.world_size} (the ranks that saved it)"
             )
         for dataset in entry.byte_offsets:
             _check_dataset_name(directory / file, dataset)

@@ -113,7 +113,9 @@ def _main(argv: list[str]) -> int:
         _print_problems(err)
         return 2
     except Exception as err:  # jsonargparse raises ArgumentError/TypeError-likes on bad usage
-        print(f"hpcrl: error: {cut(str(err), MESSAGE_CHARS)}", file=sys.stderr)
+        # its messages span lines ('Parser key "index":\n  Expected ...'): one line, not a literal \n
+        text = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
+        print(f"hpcrl: error: {cut(text, MESSAGE_CHARS)}", file=sys.stderr)
         return 2
     module = importlib.import_module(COMMANDS[args.command])
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from hpcrl.errors import printable
 from hpcrl.launcher import sweeps
 from hpcrl.launcher.manifest import load_manifest
 
@@ -20,6 +21,6 @@ def main(args) -> int:
     notes: list[str] = []
     chosen = sweeps.cancel(manifest, list(args.indices) or None, notes)
     for note in notes:
-        print(f"hpcrl: note: {note}", file=sys.stderr)
+        print(f"hpcrl: note: {printable(note)}", file=sys.stderr)
     print(f"cancel requested for {len(chosen)} element(s): {' '.join(str(e.index) for e in chosen)}")
     return 0

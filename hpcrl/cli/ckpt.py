@@ -2,20 +2,26 @@
 
     hpcrl ckpt check CKPT [--layout t=1,p=2,d=1]   verify CKPT (a root with `latest`, or one step dir);
                                                    with --layout: can it load under that layout?
-    hpcrl ckpt export CKPT --hf DIR                write an HF model directory (safetensors)
+    hpcrl ckpt export CKPT --hf DIR [--force]      write an HF model directory (safetensors)
 Exit codes: 0 ok, 1 the checkpoint does not verify, 2 usage error or a layout it cannot load under.
+
+--hf DIR is an output directory (hpcrl.config.output_dirs: never through a symlink, never someone else's
+non-empty folder); an earlier export there is replaced only with --force. A damaged checkpoint is one
+line and exit 1, for export as for check; a DIR the file system refuses is one line naming --hf, exit 2.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Literal, Optional
 
 from jsonargparse import ArgumentParser
 
-from hpcrl.errors import ConfigError, Problem
+from hpcrl.config.output_dirs import HF_EXPORT_DIR, output_dir_problem
+from hpcrl.errors import MESSAGE_CHARS, ConfigError, Problem, cut
 
 HELP = "Verify a sharded checkpoint, check it loads under another layout, export it to Hugging Face."
 
@@ -32,6 +38,7 @@ def add_arguments(parser: ArgumentParser) -> None:
     parser.add_argument(
         "--prefix", type=str, default="actor.", help="export: name prefix of the model tensors."
     )
+    parser.add_argument("--force", action="store_true", help="export: replace an earlier export in --hf DIR.")
 
 
 def main(args) -> int:
@@ -72,8 +79,7 @@ def _check(args) -> int:
     try:
         manifest = verify_directory(directory, root)
     except CorruptCheckpoint as err:
-        print(f"hpcrl ckpt check: CORRUPT: {err}", file=sys.stderr)
-        return 1
+        return _corrupt("check", err)
     problems = layout_problems(manifest, layout) if layout is not None else []
     report = {
         "checkpoint": str(directory),
@@ -106,10 +112,41 @@ def _check(args) -> int:
 def _export(args) -> int:
     # hpcrl.ckpt pulls torch (~1 s): imported when the command runs, so `hpcrl --help` stays fast
     from hpcrl.ckpt.export import export_hf
+    from hpcrl.ckpt.manifest import CheckpointError, CorruptCheckpoint
     from hpcrl.ckpt.trust import check_step_dir
 
+    out = _export_dir(args.hf, args.force)
     directory, root = _resolve(args.checkpoint)
-    check_step_dir(directory, root)
-    out = export_hf(directory, args.hf, prefix=args.prefix)
+    try:
+        check_step_dir(directory, root)
+        export_hf(directory, out, prefix=args.prefix)
+    except CorruptCheckpoint as err:
+        return _corrupt("export", err)
+    except CheckpointError as err:  # a readable checkpoint without the model asked for
+        raise ConfigError(Problem(str(err), key="--prefix")) from None
+    except OSError as err:  # the file system refused the directory (/proc, permissions, space)
+        where = os.fsdecode(err.filename) if err.filename is not None else str(out)
+        raise ConfigError(Problem(f"cannot write: {err.strerror or err}", file=where, key="--hf")) from None
     print(f"wrote {out}")
     return 0
+
+
+def _corrupt(action: str, err: Exception) -> int:
+    """A checkpoint that does not verify: one line (control characters escaped, cut), exit 1."""
+    print(f"hpcrl ckpt {action}: CORRUPT: {cut(str(err), MESSAGE_CHARS)}", file=sys.stderr)
+    return 1
+
+
+def _export_dir(text: str, force: bool) -> Path:
+    """--hf DIR checked before anything is read or written: an output directory, and an earlier export
+    there (config.json or model.safetensors) is replaced only with --force."""
+    problem = output_dir_problem(text, HF_EXPORT_DIR)
+    if problem:
+        raise ConfigError(Problem(problem, key="--hf"))
+    out = Path(text).absolute()
+    earlier = sorted(name for name in HF_EXPORT_DIR.names if os.path.lexists(out / name))
+    if earlier and not force:
+        raise ConfigError(
+            Problem(f"{out} holds an earlier export ({', '.join(earlier)}): --force replaces it", key="--hf")
+        )
+    return out

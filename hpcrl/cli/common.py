@@ -21,7 +21,7 @@ from typing import Any
 from hpcrl.config.schema import TypeMismatch, check_value, leaf_types
 from hpcrl.config.text_rules import text_problem
 from hpcrl.config.yaml_io import loads_yaml
-from hpcrl.errors import ConfigError, Problem
+from hpcrl.errors import ConfigError, Problem, cut
 from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.experiment.reference import reference
 
@@ -101,6 +101,19 @@ def _get(tree: dict, dotted: str) -> Any:
             return None
         node = node.get(part)
     return node
+
+
+CELL_CHARS = 200
+"""A table cell shows at most this many characters of a value (a swept value may be long)."""
+
+
+def cell(value: Any):
+    """A rich table cell (or title) of `value`: Text, never markup (rich reads "[...]" in a str as
+    markup, and a value is data), its control characters escaped and its length cut (hpcrl.errors.cut):
+    a manifest's swept value with an ESC sequence drove the terminal of whoever ran `hpcrl status`."""
+    from rich.text import Text  # rich (~50 ms) only for the commands that draw a table
+
+    return Text(cut(str(value), CELL_CHARS))
 
 
 def print_config_if_asked(args, sweep) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from hpcrl.cli.common import add_template_arguments, overrides_from, print_config_if_asked
+from hpcrl.cli.common import add_template_arguments, cell, overrides_from, print_config_if_asked
 from hpcrl.experiment.resolve import resolve
 from hpcrl.progress import DelayedProgress
 
@@ -50,14 +50,13 @@ def main(args) -> int:
 def _print_table(sweep) -> None:
     from rich.console import Console
     from rich.table import Table
-    from rich.text import Text
 
-    # Text, not str: rich reads "[...]" in a str as markup, and a value is data (a "[/]" would raise).
-    table = Table(title=Text(f"{sweep.template}: {len(sweep.elements)} config(s)"))
+    # cells, not str: rich reads "[...]" in a str as markup (a "[/]" would raise), and a value is data
+    table = Table(title=cell(f"{sweep.template}: {len(sweep.elements)} config(s)"))
     for column in ("index", "id", *sweep.keys):
-        table.add_column(Text(column), justify="right" if column == "index" else "left")
+        table.add_column(cell(column), justify="right" if column == "index" else "left")
     for e in sweep.elements:
-        table.add_row(str(e.index), e.config_id, *(Text(str(e.swept.get(k, ""))) for k in sweep.keys))
+        table.add_row(str(e.index), e.config_id, *(cell(e.swept.get(k, "")) for k in sweep.keys))
     Console(width=200).print(table)
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from hpcrl.cli.common import add_override_arguments, overrides_from
 from hpcrl.cli.submit import memory_preflight
-from hpcrl.errors import ConfigError, Problem
+from hpcrl.errors import ConfigError, Problem, printable
 from hpcrl.experiment.resolve import element_problems
 from hpcrl.launcher import preflight, sweeps
 from hpcrl.launcher.manifest import Manifest, load_manifest
@@ -50,7 +50,7 @@ def main(args) -> int:
     notes: list[str] = []
     manifest = sweeps.refresh(load_manifest(args.sweep), notes)
     for note in notes:
-        print(f"hpcrl: note: {note}", file=sys.stderr)
+        print(f"hpcrl: note: {printable(note)}", file=sys.stderr)
     again = sweeps.resubmittable(manifest)
     if not again:
         _check_unused(manifest, overrides)
@@ -80,7 +80,7 @@ def main(args) -> int:
     if manifest.executor == "slurm":
         checked = preflight.plan(elements, manifest.name, sweeps.slurm_folder(manifest), need_controller=True)
         for note in checked.notes:
-            print(f"hpcrl: note: {note}", file=sys.stderr)
+            print(f"hpcrl: note: {printable(note)}", file=sys.stderr)
         if checked.problems:
             raise ConfigError(checked.problems)
         arrays = checked.arrays

@@ -9,13 +9,11 @@ local processes (torchrun-style environment) supervised as one job (hpcrl.launch
 
 from __future__ import annotations
 
-import os
-
 from hpcrl.cli.common import add_template_arguments, overrides_from, print_config_if_asked
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.resolve import resolve
 from hpcrl.launcher import local, sweeps
-from hpcrl.launcher.element import run_element
+from hpcrl.launcher.element import run_element, scoped_environ
 from hpcrl.lifecycle import Lifecycle
 from hpcrl.progress import DelayedProgress
 
@@ -44,14 +42,19 @@ def main(args) -> int:
     if not 0 <= index < len(sweep.elements):
         raise ConfigError(Problem(f"--index {index} is outside 0..{len(sweep.elements) - 1}", key="--index"))
     element = sweep.elements[index]
+    problems = sweeps.run_root_problems([element.config.run_root])
+    if problems:
+        raise ConfigError(problems)
     with sweeps.writing(None, "run_root"):
         config_path = sweeps.write_config(element)
     print(f"run dir: {element.run_dir}", flush=True)
     cluster = element.config.cluster
     world = cluster.nodes * cluster.tasks_per_node
     if world == 1:
-        os.environ.update(cluster.env)
+        # the caller's environment comes back afterwards: `hpcrl run` may be called in-process (tests,
+        # notebooks), whose later sbatch calls and runs must not inherit this element's cluster.env
         lifecycle = Lifecycle.for_this_process()
-        run_element(config_path, element.run_dir, lifecycle)
+        with scoped_environ(cluster.env):
+            run_element(config_path, element.run_dir, lifecycle)
         return 128 + lifecycle.interrupted_by if lifecycle.interrupted_by else 0  # Ctrl-C: saved, stopped
     return local.run_local(config_path, element.run_dir, world, cluster.env, grace_s=cluster.stop_grace_s)

@@ -12,6 +12,8 @@ import json
 import sys
 from collections import Counter
 
+from hpcrl.cli.common import cell
+from hpcrl.errors import printable
 from hpcrl.launcher import sweeps
 from hpcrl.launcher.manifest import FINAL, load_manifest
 
@@ -28,7 +30,7 @@ def main(args) -> int:
     notes: list[str] = []
     manifest = sweeps.refresh(load_manifest(args.sweep), notes)
     for note in notes:
-        print(f"hpcrl: note: {note}", file=sys.stderr)
+        print(f"hpcrl: note: {printable(note)}", file=sys.stderr)
     counts = Counter(e.state for e in manifest.entries)
     if args.json:
         print(
@@ -55,21 +57,16 @@ def main(args) -> int:
     from rich.console import Console
     from rich.progress_bar import ProgressBar
     from rich.table import Table
-    from rich.text import Text
 
-    # Text, not str: rich reads "[...]" in a str as markup, and a reason or a swept value is data.
-    table = Table(title=Text(f"{manifest.name}: {manifest.sweep_dir}"))
+    # Every cell is data read back from the manifest (hand-edited or not): escaped (cell), never markup.
+    table = Table(title=cell(f"{manifest.name}: {manifest.sweep_dir}"))
     for column in ("index", "id", "job", "state", "reason", "restarts", *manifest.keys):
-        table.add_column(Text(column), max_width=REASON_WIDTH if column == "reason" else None)
+        table.add_column(cell(column), max_width=REASON_WIDTH if column == "reason" else None)
     for e in manifest.entries:
         table.add_row(
-            str(e.index),
-            e.config_id,
-            e.job_id or "-",
-            e.state,
-            Text(e.reason or "-"),
-            str(sweeps.restart_count(e)),
-            *(Text(str(e.swept.get(k, ""))) for k in manifest.keys),
+            *map(cell, (e.index, e.config_id, e.job_id or "-", e.state, e.reason or "-")),
+            cell(sweeps.restart_count(e)),
+            *(cell(e.swept.get(k, "")) for k in manifest.keys),
         )
     console = Console(width=200)
     console.print(table)

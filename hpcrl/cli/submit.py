@@ -119,6 +119,8 @@ def _sweep_dir(args, sweep) -> tuple[Path, str]:
     problems = sweeps.sweep_dir_problems(sweep_dir, key) or sweeps.existing_sweep_problems(
         sweep_dir, key, args.force
     )
+    if not args.dry_run:  # a dry run writes inside the sweep directory only
+        problems += sweeps.run_root_problems(sweeps.run_roots(sweep))
     if problems:
         raise ConfigError(problems)
     return sweep_dir, key

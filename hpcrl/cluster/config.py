@@ -56,8 +56,14 @@ class ClusterConfig:
     died, the other ranks get this many seconds to end on their own; then they are SIGKILLed."""
     env: dict[str, str] = field(default_factory=dict)
     """Environment of every rank (e.g. NCCL_IB_HCA, OMP_NUM_THREADS): exported as single-quoted data, the
-    last lines before srun. Names that steer code (PATH, LD_*, PYTHON*, SLURM_*, ...) are refused
-    (hpcrl.cluster.rules.env_problems)."""
+    last lines before srun. A name must be known-safe (OMP_*, MKL_*, NCCL_*, CUDA_*, TORCH_*, HF_*,
+    WANDB_*, ... with no path, file, directory, library or plugin part: hpcrl.cluster.rules.ENV_SAFE_PREFIXES)
+    or listed in `env_allow`; names that steer code (PATH, LD_*, PYTHON*, SLURM_*, ...) are refused."""
+    env_allow: list[str] = field(default_factory=list)
+    """More names `env` may set, each one accepted as only tuning how the job runs (e.g. [HF_HOME,
+    NCCL_TOPO_FILE]). From a cluster profile or the command line only (--cluster.env_allow '[HF_HOME]'),
+    never from a template or a sweep: a template from someone else would otherwise allow itself anything.
+    Names that steer which code runs (PATH, LD_*, PYTHON*, SLURM_*, ...) cannot be allowed."""
     modules: list[str] = field(default_factory=list)
     """`module load` names run before the job."""
     container: str | None = None

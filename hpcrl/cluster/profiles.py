@@ -13,6 +13,8 @@ verbatim into every batch script, so where a profile may come from is a security
   directory). Whoever types the command chooses the file.
 - `cluster.profile` is never a sweep axis (hpcrl.config.sweep.SWEEP_LEVEL_KEYS): one profile per sweep.
 - `cluster.setup` is accepted from a profile only, never from a template or the command line.
+- `cluster.env_allow` (environment names beyond the known-safe ones) from a profile or the command line,
+  never from a template.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ PACKAGE_PROFILES = Path(__file__).resolve().parents[2] / "slurm" / "profiles"
 PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,99}")
 """A profile name: a file stem, no directory part."""
 KEY = "cluster.profile"
+COMMAND_LINE = "command line"
+"""What a template's `origin_of` says of a key given on the command line (hpcrl.experiment.resolve)."""
 
 
 def user_profiles() -> Path:
@@ -78,16 +82,29 @@ def reference_problem(reference: str, from_command_line: bool) -> str | None:
 
 
 def setup_problems(cluster: Any, origin_of: Callable[[str], str | None]) -> list[Problem]:
-    """`cluster.setup` set anywhere but in a profile (a template of the extends chain, the command line).
+    """`cluster.setup` set anywhere but in a profile (a template of the extends chain, the command line),
+    and `cluster.env_allow` set in a template (it comes from a profile or the command line).
 
-    Setup lines are shell code run in every batch script; they are trusted because profiles are."""
-    if isinstance(cluster, Mapping) and "setup" in cluster:
+    Setup lines are shell code run in every batch script; they are trusted because profiles are. The
+    environment names a job may set beyond the known-safe ones are accepted by whoever runs the command
+    (or their profile), never by the template they run."""
+    if not isinstance(cluster, Mapping):
+        return []
+    problems = []
+    if "setup" in cluster:
         key = "cluster.setup"
         message = (
             "shell setup lines come from a cluster profile only (slurm/profiles/ or --cluster.profile PATH)"
         )
-        return [Problem(message, origin_of(key), key)]
-    return []
+        problems.append(Problem(message, origin_of(key), key))
+    if "env_allow" in cluster and origin_of("cluster.env_allow") != COMMAND_LINE:
+        key = "cluster.env_allow"
+        message = (
+            "environment names are allowed by a cluster profile or on the command line "
+            "(--cluster.env_allow '[NAME]'), never by a template"
+        )
+        problems.append(Problem(message, origin_of(key), key))
+    return problems
 
 
 def find_profile(reference: str, from_command_line: bool) -> Path:

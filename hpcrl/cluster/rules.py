@@ -58,28 +58,92 @@ ENV_ALLOWED = frozenset(
         "PYTHONSAFEPATH",
     }
 )
-"""PYTHON* names that only tune the interpreter (hashing, buffering, encodings, a safer sys.path).
-An allowlist: every Python release adds PYTHON* variables, and a denylist would miss the next one."""
+"""PYTHON* names that only tune the interpreter (hashing, buffering, encodings, a safer sys.path)."""
+ENV_SAFE_PREFIXES = {
+    "OMP_": "OpenMP threads and placement",
+    "MKL_": "MKL threads and code paths",
+    "OPENBLAS_": "OpenBLAS threads",
+    "NUMEXPR_": "numexpr threads",
+    "NCCL_": "NCCL transport tuning (interfaces, IB devices, buffers, debug level)",
+    "GLOO_": "gloo's network interface",
+    "UCX_": "UCX transport tuning",
+    "FI_": "libfabric provider tuning",
+    "CUDA_": "CUDA device selection and launch behaviour",
+    "NVTE_": "Transformer Engine switches",
+    "TORCH_": "torch.distributed and torch debug switches",
+    "PYTORCH_": "PyTorch allocator settings",
+    "HF_": "Hugging Face Hub switches (offline mode, token)",
+    "TRANSFORMERS_": "transformers switches (offline mode, verbosity)",
+    "TOKENIZERS_": "tokenizers parallelism",
+    "VLLM_": "vLLM switches",
+    "WANDB_": "Weights & Biases settings",
+    "MLFLOW_": "MLflow settings",
+    "HPCRL_": "hpcrl's own knobs (test switches)",
+}
+"""Name prefixes accepted in `cluster.env` without `env_allow`, and what they tune. An ALLOWLIST: the
+old denylist could not be complete (NCCL_NET_PLUGIN, OMPI_MCA_*, PERL5LIB and NODE_OPTIONS passed).
+Even under these prefixes a name with a part in ENV_CODE_PARTS is not safe by its prefix alone."""
+ENV_CODE_PARTS = (
+    "PATH", "FILE", "DIR", "HOME", "PLUGIN", "LIB", "PRELOAD", "CACHE", "MODULE", "EXEC", "COMMAND", "CMD",
+    "SCRIPT", "HOOK",
+)  # fmt: skip
+"""Parts of a name (between '_', as a prefix of the part: PATHS, LIBRARIES) that say it names a file,
+directory or program: NCCL_NET_PLUGIN and NCCL_TUNER_PLUGIN load a library, OMP_TOOL_LIBRARIES loads
+tools, CUDA_INJECTION64_PATH a library, NCCL_DEBUG_FILE writes a file, TORCH_EXTENSIONS_DIR holds built
+code, HF_HOME holds downloaded remote code. They need `env_allow`."""
 
 
-def env_problems(env: dict[str, str]) -> list[tuple[str, str]]:
-    """`cluster.env` names that are not plain upper-case names or that steer code, as (key, message).
+def env_problems(env: dict[str, str], allow: list[str] | tuple[str, ...] = ()) -> list[tuple[str, str]]:
+    """`cluster.env` names that are not plain upper-case names, that steer code, or that are neither
+    known-safe (`env_name_is_safe`) nor in `allow` (cluster.env_allow), as (key, message). Then the
+    `allow` names themselves: plain names, none of them one that steers code.
 
-    Not every dangerous variable of every program can be listed; the rule blocks those that bash, srun,
-    the loader and Python read before any hpcrl code runs. The values need no rule of their own beyond
-    the text rule (hpcrl.config.text_rules): they are always one shlex-quoted word."""
+    The values need no rule of their own beyond the text rule (hpcrl.config.text_rules): they are
+    always one shlex-quoted word."""
     out = []
     for name in env:
         key = f"cluster.env.{name}"
-        if not _ENV_NAME.fullmatch(name):
-            out.append((key, f"{short(name)} is not an environment variable name ([A-Z_][A-Z0-9_]*)"))
-        elif name in ENV_FORBIDDEN:
-            out.append((key, f"may not be set from a config: {ENV_FORBIDDEN[name]}"))
-        elif name not in ENV_ALLOWED:
-            prefix = next((p for p in ENV_FORBIDDEN_PREFIXES if name.startswith(p)), None)
-            if prefix:
-                out.append((key, f"{prefix}* may not be set from a config: {ENV_FORBIDDEN_PREFIXES[prefix]}"))
+        refusal = _steering(name)
+        if refusal:
+            out.append((key, refusal))
+        elif not (env_name_is_safe(name) or name in allow):
+            out.append(
+                (
+                    key,
+                    f"{name} is not a known-safe name (OMP_*, NCCL_*, CUDA_*, TORCH_*, HF_*, ... with no "
+                    "path, file, directory, library or plugin part: hpcrl.cluster.rules.ENV_SAFE_PREFIXES): if "
+                    f"it only tunes how the job runs, accept it with --cluster.env_allow '[{name}]' or in a "
+                    "cluster profile's env_allow",
+                )
+            )
+    for name in allow:
+        refusal = _steering(name)
+        if refusal:
+            out.append(("cluster.env_allow", f"{short(name)}: cannot be allowed: {refusal}"))
     return out
+
+
+def env_name_is_safe(name: str) -> bool:
+    """A PYTHON* tuning name, or a name under ENV_SAFE_PREFIXES with no part in ENV_CODE_PARTS."""
+    if name in ENV_ALLOWED:
+        return True
+    if not name.startswith(tuple(ENV_SAFE_PREFIXES)):
+        return False
+    return not any(part.startswith(ENV_CODE_PARTS) for part in name.split("_"))
+
+
+def _steering(name: str) -> str | None:
+    """Why `name` can never be set from a config (not a name, or one that changes which code runs)."""
+    if not _ENV_NAME.fullmatch(name):
+        return f"{short(name)} is not an environment variable name ([A-Z_][A-Z0-9_]*)"
+    if name in ENV_FORBIDDEN:
+        return f"may not be set from a config: {ENV_FORBIDDEN[name]}"
+    if name in ENV_ALLOWED:
+        return None
+    prefix = next((p for p in ENV_FORBIDDEN_PREFIXES if name.startswith(p)), None)
+    if prefix:
+        return f"{prefix}* may not be set from a config: {ENV_FORBIDDEN_PREFIXES[prefix]}"
+    return None
 
 
 def check_cluster(cluster: ClusterConfig) -> list[tuple[str, str]]:
@@ -89,7 +153,7 @@ def check_cluster(cluster: ClusterConfig) -> list[tuple[str, str]]:
         value = getattr(cluster, name)
         if value is not None and not _DIRECTIVE_SAFE.fullmatch(value):
             out.append((f"cluster.{name}", f"{short(value)} has characters Slurm does not use in a {name}"))
-    out += env_problems(cluster.env)
+    out += env_problems(cluster.env, cluster.env_allow)
     for module in cluster.modules:
         if not _MODULE_NAME.fullmatch(module):
             out.append(("cluster.modules", f"{short(module)} is not a module name"))

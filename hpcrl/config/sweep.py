@@ -34,6 +34,8 @@ SWEEP_LEVEL_KEYS = {
     "cluster.profile": "a profile brings trusted shell setup: one per sweep, from the template or the "
     "command line",
     "cluster.setup": "shell setup lines come from cluster profiles, never from sweep values",
+    "cluster.env_allow": "environment names are allowed by a profile or on the command line, never by sweep "
+    "values",
     "cluster.modules": "module names are shell input; set them in the template or profile, not per element",
 }
 """Keys that may not vary across a sweep, and why."""

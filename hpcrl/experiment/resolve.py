@@ -19,7 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from hpcrl.cluster.config import ClusterConfig
-from hpcrl.cluster.profiles import find_profile, is_path, load_profile, reference_problem, setup_problems
+from hpcrl.cluster.profiles import (
+    COMMAND_LINE,
+    find_profile,
+    is_path,
+    load_profile,
+    reference_problem,
+    setup_problems,
+)
 from hpcrl.config.schema import (
     check_tree,
     deep_merge,
@@ -40,7 +47,6 @@ from hpcrl.progress import Track, untracked
 
 __all__ = ["ResolvedConfig", "Sweep", "config_id", "element_problems", "resolve"]
 
-COMMAND_LINE = "command line"
 PROFILE_KEY = "cluster.profile"
 INDICES_SHOWN = 8
 """Sweep element indices quoted in a problem that several elements share."""

@@ -10,6 +10,7 @@ import functools
 import re
 
 from hpcrl.algorithm.registry import algorithm_problems
+from hpcrl.ckpt.config import checkpoint_problems
 from hpcrl.cluster.rules import check_cluster
 from hpcrl.distributed.layout import ModelDims, ParallelLayout, model_problems
 from hpcrl.errors import ConfigError, Problem, short
@@ -97,7 +98,9 @@ def check_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
                     f"(cluster.nodes={cl.nodes} x {gpus} per node)",
                 )
             )
-    out += _model_rules(cfg) + _sampling_rules(cfg) + _algorithm_rules(cfg)
+    out += (
+        _model_rules(cfg) + _sampling_rules(cfg) + _algorithm_rules(cfg) + checkpoint_problems(cfg.checkpoint)
+    )
     if not _ENTRYPOINT.fullmatch(cfg.entrypoint):
         out.append(("entrypoint", f"expected 'package.module:function', got {short(cfg.entrypoint)}"))
     out += _name_rules(cfg.name) + _required_rules(cfg)
@@ -109,14 +112,15 @@ def _model_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
     t_g, vocab, ffn, layers) and whether the rollout engine can run the generation layout."""
 
     par = cfg.parallel
-    problems = []
+    ranges = model_range_problems(cfg.model)
+    problems = [Problem(message, key=key) for key, message in ranges]
     try:
         layout = ParallelLayout.from_config(par)
     except ConfigError:
         layout = None  # t_g | t and p_g | p: reported by check_rules above
     model, model_file_problems = _model_dims(cfg.model)
     problems += model_file_problems
-    if layout is not None and model is not None:
+    if layout is not None and model is not None and not ranges:  # they divide by these dims
         problems += model_problems(layout, model)
     facts = EngineFacts.for_element(gpus_per_node(cfg))
     split = cfg.algorithm.placement != "colocated"  # the rollout engine does not span the element
@@ -129,6 +133,45 @@ def _model_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
         split_placement=split,
     )[1]
     return [(p.key or "parallel", p.message) for p in problems]
+
+
+MODEL_COUNT_BOUNDS = {
+    "vocab_size": 1 << 24,
+    "hidden_size": 1 << 20,
+    "num_layers": 1 << 12,
+    "num_attention_heads": 1 << 12,
+    "num_query_groups": 1 << 12,
+    "ffn_hidden_size": 1 << 22,
+    "max_position_embeddings": 1 << 24,
+}
+"""Upper bounds of the model's sizes, far above any released model (Llama 3 405B: vocab 128,256, hidden
+16,384, 126 layers, 128 heads, ffn 53,248, 131,072 positions): a larger value is a typo, and the memory
+planner would size it (`hpcrl plan` reported '-40 parameters, fits' for vocab -6)."""
+
+
+def model_range_problems(model: ModelConfig) -> list[tuple[str, str]]:
+    """The model's sizes set here (null ones come from config.json) are counts in [1, bound], the
+    width splits evenly into heads, and the RoPE base and norm epsilon are positive finite numbers. Before
+    this, `--model.num_attention_heads 0` was a ZeroDivisionError in `plan` and on the ranks, and a
+    negative hidden size passed `expand`."""
+    out = []
+    for name, bound in MODEL_COUNT_BOUNDS.items():
+        value = getattr(model, name)
+        if value is not None and not 1 <= value <= bound:
+            out.append((f"model.{name}", f"must be in [1, {bound:,}], got {short(value)}"))
+    heads, hidden = model.num_attention_heads, model.hidden_size
+    if not out and heads is not None and hidden is not None and hidden % heads:
+        out.append(
+            (
+                "model.hidden_size",
+                f"hidden_size={hidden} does not split into num_attention_heads={heads} heads",
+            )
+        )
+    for name in ("rope_theta", "rms_norm_eps"):
+        value = getattr(model, name)
+        if value is not None and not 0 < value < float("inf"):
+            out.append((f"model.{name}", f"must be a positive finite number, got {short(value)}"))
+    return out
 
 
 LAYOUT_FIELDS = tuple(ModelDims.__annotations__)
@@ -171,6 +214,11 @@ def _sampling_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
     """The rollout's sampling settings (every engine reads them)."""
     r = cfg.rollout
     rules = [
+        (
+            "rollout.max_new_tokens",
+            1 <= r.max_new_tokens <= 1 << 24,
+            f"must be in [1, 2^24] (a response has at least one token), got {r.max_new_tokens}",
+        ),
         ("rollout.temperature", r.temperature >= 0, f"must be >= 0 (0 = greedy), got {r.temperature}"),
         ("rollout.top_p", 0 < r.top_p <= 1, f"must be in (0, 1] (1 = off), got {r.top_p}"),
         ("rollout.top_k", r.top_k >= 0, f"must be >= 0 (0 = off), got {r.top_k}"),

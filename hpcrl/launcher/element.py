@@ -27,7 +27,8 @@ rank and SIGKILL KillWait seconds later (submitit's own handler only logs SIGTER
 stops and calls `lifecycle.stop_for_termination()`; the element exits without a requeue of its own:
 Slurm requeues a preempted or requeued job itself and a cancelled one stays ended. Locally, Ctrl-C
 (SIGINT, forwarded to every rank by hpcrl.launcher.ranks) takes the same path.
-Rank 0 keeps `<run_dir>/launcher.json` up to date (state, job id, restart count) for `hpcrl status`.
+Rank 0 keeps `<run_dir>/launcher.json` up to date (state, job id, restart count) for `hpcrl status`; a
+local launcher records the end of a rank 0 that could not (`record_rank_0_end`: SIGKILL, OOM killer).
 
 Run as a module (`python -m hpcrl.launcher.element CONFIG RUN_DIR`) it is one rank of a local run: it
 records its error for the launcher (hpcrl.launcher.ranks.record_error) and exits 2 on a config error.
@@ -52,7 +53,7 @@ from hpcrl.config.yaml_io import atomic_write, load_yaml
 from hpcrl.distributed.env import DistEnv, init_process_group
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.config import ExperimentConfig
-from hpcrl.launcher.ranks import CONFIG_ERROR_EXIT, record_error
+from hpcrl.launcher.ranks import CONFIG_ERROR_EXIT, RankEnd, record_error
 from hpcrl.launcher.runlock import RunLocked, lock_targets, writer_lock
 from hpcrl.lifecycle import REQUEUE_SIGNAL, Lifecycle
 
@@ -80,6 +81,21 @@ def load_resolved(config_path: str | Path):
     if problems:
         raise ConfigError(problems)
     return build(ExperimentConfig, checked)
+
+
+def record_rank_0_end(run_dir: Path, end: RankEnd | None) -> None:
+    """The launcher's word on a rank 0 that ended badly without writing its own end: killed by SIGKILL
+    or the OOM killer, or crashed in native code, it left launcher.json saying RUNNING. That becomes
+    FAILED, with how rank 0 ended. A state rank 0 wrote itself (FAILED with its error, STOPPED, ...) is
+    kept."""
+    if end is None or end.returncode == 0:
+        return
+    try:
+        state = json.loads((run_dir / LAUNCHER_STATE).read_text())
+    except (OSError, ValueError):  # no file (it died before the group formed) or not ours to mend
+        return
+    if isinstance(state, dict) and state.get("state") == "RUNNING":
+        _write_state(run_dir, state="FAILED", error=end.describe(), ended=time.time())
 
 
 def _write_state(run_dir: Path, **fields: Any) -> None:

@@ -25,7 +25,7 @@ from typing import IO
 from hpcrl.config.safe_read import read_capped
 from hpcrl.config.yaml_io import atomic_write
 from hpcrl.errors import ConfigError, Problem
-from hpcrl.launcher.element import load_resolved
+from hpcrl.launcher.element import load_resolved, record_rank_0_end
 from hpcrl.launcher.manifest import load_manifest
 from hpcrl.launcher.ranks import Ranks, forwarded_stops, start_ranks, supervise
 
@@ -46,7 +46,9 @@ def run_local(
     with forwarded_stops() as stops:
         ranks = start_ranks(str(config_path), str(run_dir), world, extra_env, log)
         try:
-            return supervise(ranks, grace_s, stops)
+            code = supervise(ranks, grace_s, stops)
+            record_rank_0_end(Path(run_dir), ranks.end_of(0))
+            return code
         finally:
             ranks.close()
 
@@ -196,6 +198,7 @@ def _run_sweep(sweep_dir: Path, indices: list[int]) -> None:
             if all(c is not None for c in codes) or any(c not in (None, 0) for c in codes):
                 say = _log_writer(log)  # the launcher's report goes into the element's log
                 code = supervise(ranks, cfgs[index].cluster.stop_grace_s, say=say)
+                record_rank_0_end(Path(manifest.entries[index].run_dir), ranks.end_of(0))
                 ranks.close()
                 log.close()
                 del running[index]

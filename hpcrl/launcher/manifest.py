@@ -9,6 +9,7 @@ A resubmitted element keeps its earlier job ids in `attempts`. Each entry is one
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
@@ -21,6 +22,10 @@ from hpcrl.errors import ConfigError, Problem
 
 MANIFEST = "manifest.json"
 VERSION = 1
+CONFIG_FILE = "config.yaml"
+"""An element's resolved config in its run directory: `<run_dir>/config.yaml` (what every rank reads)."""
+DRY_RUN_CONFIGS = "configs"
+"""A dry run's configs, inside the sweep directory: `<sweep>/configs/<config id>.yaml`."""
 
 RESUBMITTABLE = {
     "FAILED",
@@ -160,7 +165,25 @@ def load_manifest(sweep: str | Path) -> Manifest:
         raise ConfigError(Problem(f"unreadable sweep manifest: {err}", file=str(path))) from None
     manifest = manifest_from_json(data, str(path))
     manifest.sweep_dir = str(path.parent.absolute())
+    for position, entry in enumerate(manifest.entries):
+        entry.config_path = _config_path(entry, Path(manifest.sweep_dir), str(path), position)
     return manifest
+
+
+def _config_path(entry: Entry, sweep_dir: Path, file: str, position: int) -> str:
+    """The config file an entry may name: its run directory's config.yaml, or a dry run's
+    `configs/<config id>.yaml`, read in THIS sweep directory (a moved sweep's dry-run configs moved with
+    it). Anything else (/etc/passwd, a FIFO) is refused naming the entry's key, before it is read."""
+    if entry.config_path == os.path.join(entry.run_dir, CONFIG_FILE):
+        return entry.config_path
+    dry = Path(entry.config_path)
+    if dry.name == f"{entry.config_id}.yaml" and dry.parent.name == DRY_RUN_CONFIGS:
+        return str(sweep_dir / DRY_RUN_CONFIGS / dry.name)
+    raise _refuse(
+        file,
+        f"entries[{position}].config_path",
+        f"must be <run_dir>/{CONFIG_FILE} or a dry run's {DRY_RUN_CONFIGS}/<config_id>.yaml in the sweep",
+    )
 
 
 # --- validation: a manifest is read back as untrusted data ---------------------------------------------

@@ -120,6 +120,10 @@ class Ranks:
     def running(self) -> bool:
         return len(self._ended) < len(self.procs)
 
+    def end_of(self, rank: int) -> RankEnd | None:
+        """How `rank` ended, once `reap` saw it end (None before)."""
+        return self._ended.get(rank)
+
     def reap(self) -> list[RankEnd]:
         """Ranks that ended since the last call; of several, those killed by a signal first (a signal
         death is a cause, a peer's error right after it is its effect), then by rank."""

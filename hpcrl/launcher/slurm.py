@@ -4,7 +4,11 @@ Elements whose sbatch parameters are equal (the usual case: a sweep over trainin
 array job; a sweep over e.g. `cluster.nodes` becomes one array per distinct resource shape. Arrays
 hold at most MaxArraySize elements (read from `scontrol show config`).
 
-States (`element_states`) come from accounting (sacct) where it answers. Where it does not (no
+States (`element_states`) come from accounting (sacct) where it answers: every attempt of a job
+(`sacct -D`: a requeued job has one row per attempt), of which the latest counts. An attempt that ended
+by TIMEOUT, PREEMPTED or NODE_FAIL is not the job's end while the controller still lists the job
+(submitit's handler requeued it after the time-limit signal, or Slurm did after a preemption or a node
+failure): squeue's state then stands, so `status` never reports an end the job has not reached. Where it does not (no
 slurmdbd, or it is down) they are never left stale: squeue says which elements are still queued or
 running (with Slurm's reason); an element squeue no longer lists has ended, and `scontrol show job`
 (for MinJobAge after the end) says how, else submitit's result file (`<id>_0_result.pkl`: success,
@@ -15,6 +19,7 @@ pickle opcodes, never unpickled (nothing it holds is executed).
 
 from __future__ import annotations
 
+import os
 import pickletools
 import re
 import shutil
@@ -35,12 +40,20 @@ DEFAULT_MAX_ARRAY_SIZE = 1001
 """Slurm's default MaxArraySize, used by dry runs when the controller cannot be asked."""
 
 
+TIME_FORMAT = {"SLURM_TIME_FORMAT": "standard"}
+"""Slurm's client commands print times in the user's SLURM_TIME_FORMAT (`relative`, any strftime): the
+rows hpcrl orders by time are asked for in the standard ISO form, whatever the caller's environment."""
+
+
 def _run(cmd: Sequence[str], timeout: float = 60) -> str:
     exe = shutil.which(cmd[0])
     if exe is None:
         raise ClusterError(f"`{cmd[0]}` is not on PATH: is this a Slurm login node?")
+    env = {**os.environ, **TIME_FORMAT}
     try:
-        proc = subprocess.run([exe, *cmd[1:]], capture_output=True, text=True, timeout=timeout, check=False)
+        proc = subprocess.run(
+            [exe, *cmd[1:]], capture_output=True, text=True, timeout=timeout, check=False, env=env
+        )
     except subprocess.TimeoutExpired:
         raise ClusterError(f"`{' '.join(cmd)}` did not answer within {timeout:.0f}s") from None
     if proc.returncode != 0:
@@ -202,12 +215,14 @@ def parse_rows(text: str) -> dict[str, Observed]:
         if "|" not in line:
             continue
         job_id, state, reason, exit_code, *_ = [*line.split("|"), "", "", ""]
-        observed = Observed(
-            state.split()[0] if state.strip() else "UNKNOWN", _reason(reason, exit_code, state)
-        )
+        observed = _observed(state, reason, exit_code)
         for one in expand_job_ids(job_id.strip()):
             out[one] = observed
     return out
+
+
+def _observed(state: str, reason: str, exit_code: str) -> Observed:
+    return Observed(state.split()[0] if state.strip() else "UNKNOWN", _reason(reason, exit_code, state))
 
 
 def _reason(reason: str, exit_code: str, state: str) -> str | None:
@@ -218,6 +233,39 @@ def _reason(reason: str, exit_code: str, state: str) -> str | None:
     if code and code not in ("0:0", "") and not state.startswith(("COMPLETED", "PENDING", "RUNNING")):
         reason = f"{reason} (exit {code})" if reason else f"exit {code}"
     return cut(reason, REASON_CHARS) if reason else None
+
+
+SACCT_HISTORY = "JobID,State,Reason,ExitCode,Submit,Start"
+"""The fields of `sacct -D` rows that parse_history reads."""
+_ISO_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d")
+_NOT_YET = "~"
+"""Sorts after every ISO time: an attempt that has not started yet is newer than one that has."""
+
+
+def parse_history(text: str) -> dict[str, Observed]:
+    """`sacct -D -P` rows (SACCT_HISTORY) -> each job's LATEST attempt, as Observed.
+
+    A requeued job has one row per attempt, and each attempt gets the requeue time as its Submit time;
+    sacct does not print them in attempt order (nor does it, without -D, always pick the last one), so
+    the row with the latest (Submit, Start) wins, a Start not known yet counting as later than any, and
+    of equal times the row printed last. Times are compared as the ISO text `_run` asks for."""
+    latest: dict[str, tuple[tuple[str, str, int], Observed]] = {}
+    for position, line in enumerate(text.splitlines()):
+        fields = line.split("|")
+        if len(fields) < 6:
+            continue
+        job_id, state, reason, exit_code, submit, start = fields[:6]
+        observed = _observed(state, reason, exit_code)
+        order = (_time_key(submit), _time_key(start), position)
+        for one in expand_job_ids(job_id.strip()):
+            if one not in latest or order >= latest[one][0]:
+                latest[one] = (order, observed)
+    return {job_id: observed for job_id, (_, observed) in latest.items()}
+
+
+def _time_key(text: str) -> str:
+    text = text.strip()
+    return text if _ISO_TIME.fullmatch(text) else _NOT_YET
 
 
 def parse_sacct(text: str) -> dict[str, str]:
@@ -292,8 +340,9 @@ def element_states(folder: Path, job_ids: Sequence[str]) -> tuple[dict[str, Obse
         return {}, None
     arrays = sorted({job_id.split("_")[0] for job_id in job_ids})
     try:
-        rows = _run(["sacct", "-X", "-P", "-n", "-o", "JobID,State,Reason,ExitCode", "-j", ",".join(arrays)])
-        observed, note = parse_rows(rows), None
+        rows = _run(["sacct", "-X", "-P", "-D", "-n", "-o", SACCT_HISTORY, "-j", ",".join(arrays)])
+        observed, note = parse_history(rows), None
+        observed.update(_requeued(observed, job_ids))
     except ClusterError as err:
         why = _first_line(err).split("): ", 1)[-1]  # _run says "`cmd` failed (exit 1): <stderr>"
         observed, note = _without_accounting(folder, job_ids, arrays), f"no accounting (sacct: {why})"
@@ -309,6 +358,24 @@ def element_states(folder: Path, job_ids: Sequence[str]) -> tuple[dict[str, Obse
     if note:
         note += ": states from squeue, scontrol show job and submitit's result files"
     return out, note
+
+
+REQUEUABLE_ENDS = frozenset({"TIMEOUT", "PREEMPTED", "NODE_FAIL"})
+"""An attempt's ends after which the job may run again: submitit's handler requeues it after the
+time-limit signal (while requeues are left), Slurm after a preemption or a node failure (JobRequeue)."""
+
+
+def _requeued(observed: dict[str, Observed], job_ids: Sequence[str]) -> dict[str, Observed]:
+    """squeue's state of each element whose latest attempt ended in REQUEUABLE_ENDS and that the
+    controller still lists (requeued: PENDING with BeginTime, or still COMPLETING the kill). The requeue
+    is made by the job's own processes or by the controller before the attempt has fully ended, so an
+    element squeue no longer lists has really ended. {} when squeue does not answer (sacct's stands)."""
+    ended = [job_id for job_id in job_ids if job_id in observed and observed[job_id].state in REQUEUABLE_ENDS]
+    if not ended:
+        return {}
+    arrays = ",".join(sorted({job_id.split("_")[0] for job_id in ended}))
+    live = _ask_controller(["squeue", "-h", "-r", "-o", "%i|%T|%r", "-j", arrays], parse_rows) or {}
+    return {job_id: live[job_id] for job_id in ended if job_id in live and live[job_id].state in ACTIVE}
 
 
 def _without_accounting(folder: Path, job_ids: Sequence[str], arrays: list[str]) -> dict[str, Observed]:

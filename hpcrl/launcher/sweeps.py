@@ -23,9 +23,9 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from hpcrl.config.output_dirs import RUN_ROOT, SWEEP_DIR, output_dir_problem
 from hpcrl.config.safe_read import read_capped
 from hpcrl.config.schema import build, check_tree, deep_merge, get_dotted, to_dict, with_values
-from hpcrl.config.text_rules import path_problem
 from hpcrl.config.yaml_io import MAX_YAML_BYTES, load_yaml
 from hpcrl.errors import ClusterError, ConfigError, Problem, cut
 from hpcrl.experiment.config import ExperimentConfig
@@ -33,6 +33,8 @@ from hpcrl.experiment.elements import config_id
 from hpcrl.experiment.resolve import ResolvedConfig, Sweep
 from hpcrl.launcher import local, preflight, slurm
 from hpcrl.launcher.manifest import (
+    CONFIG_FILE,
+    DRY_RUN_CONFIGS,
     FINAL,
     MANIFEST,
     RESUBMITTABLE,
@@ -43,21 +45,38 @@ from hpcrl.launcher.manifest import (
 )
 from hpcrl.progress import Track, untracked
 
-CONFIG_FILE = "config.yaml"
 SLURM_DIR = "slurm"
-DRY_RUN_CONFIGS = "configs"
 SBATCH_DIR = "sbatch"
 
 
 def sweep_dir_problems(sweep_dir: Path, key: str) -> list[Problem]:
-    """The sweep directory (given as --sweep_dir, or made of run_root and name) is a path value, and it
-    holds no '%': submitit writes it into #SBATCH --output/--error, where Slurm reads %<letter> as a
-    pattern (the logs would go to another directory)."""
+    """The sweep directory (given as --sweep_dir, or made of run_root and name) is an output directory
+    (hpcrl.config.output_dirs: no symlink on the way, not someone else's non-empty folder), and it holds
+    no '%': submitit writes it into #SBATCH --output/--error, where Slurm reads %<letter> as a pattern
+    (the logs would go to another directory)."""
     text = str(sweep_dir)
-    problem = path_problem(text) or (
+    problem = output_dir_problem(sweep_dir, SWEEP_DIR) or (
         "has a '%', which Slurm reads as a file name pattern" if "%" in text else None
     )
     return [Problem(problem, key=key)] if problem else []
+
+
+def run_roots(sweep: Sweep) -> set[str]:
+    """The run roots of a sweep's run directories: the first element's unless run_root is swept."""
+    if "run_root" in sweep.keys:
+        return {element.config.run_root for element in sweep.elements}
+    return {sweep.elements[0].config.run_root}
+
+
+def run_root_problems(roots: Iterable[str]) -> list[Problem]:
+    """Each run root is an output directory (hpcrl.config.output_dirs: no symlink on the way, and a
+    non-empty one holds only directories, one per experiment name)."""
+    problems = []
+    for root in sorted(roots):
+        problem = output_dir_problem(root, RUN_ROOT)
+        if problem:
+            problems.append(Problem(problem, file=str(Path(root).absolute()), key="run_root"))
+    return problems
 
 
 def existing_sweep_problems(sweep_dir: Path, key: str, force: bool) -> list[Problem]:
@@ -92,7 +111,13 @@ def writing(sweep_dir: Path | None, key: str) -> Iterator[None]:
         yield
     except OSError as err:
         path = Path(os.fsdecode(err.filename)) if err.filename is not None else None
-        inside = path is not None and sweep_dir is not None and path.is_relative_to(sweep_dir)
+        inside = (
+            sweep_dir is not None
+            and path is not None
+            and (
+                path.is_relative_to(sweep_dir) or sweep_dir.is_relative_to(path)  # in it, or on the way to it
+            )
+        )
         message = f"cannot create or write a file or directory here: {err.strerror or err}"
         raise ConfigError(
             Problem(message, file=None if path is None else str(path), key=key if inside else "run_root")
@@ -121,7 +146,14 @@ def write_config(element: ResolvedConfig, run_dir: Path | None = None) -> Path:
     try:  # plain os calls: this runs 100,000 times for the largest sweep (benchmarks/launcher.py)
         os.mkdir(run_dir)
     except FileExistsError:
-        pass
+        if os.path.islink(run_dir):  # the run root was checked; its run directories are ours to check
+            raise ConfigError(
+                Problem(
+                    f"is a symbolic link (to {os.readlink(run_dir)}); hpcrl never writes through one",
+                    file=str(run_dir),
+                    key="run_root",
+                )
+            ) from None
     except FileNotFoundError:
         run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / CONFIG_FILE
@@ -318,10 +350,13 @@ def refresh(manifest: Manifest, notes: list[str] | None = None) -> Manifest:
     submitted = [e for e in manifest.entries if e.job_id]
     if manifest.executor == "local":
         for e in submitted:
+            # the runner's record, else (deleted by hand, a cleaned sweep) the manifest's last known state:
+            # a known end stays (a FAILED element is resumed, a COMPLETED one is not), and an element
+            # not ended whose runner is gone is LOST (it was UNKNOWN, which `resume` skipped)
             record = local.read_state(Path(manifest.sweep_dir), e.index)
-            state = record.get("state", "UNKNOWN")
+            state = record.get("state", e.state)
             runner_pid = int(e.job_id.split(":")[1].split("_")[0])
-            if state in ("PENDING", "RUNNING") and not local.pid_alive(runner_pid):
+            if state not in FINAL and not local.pid_alive(runner_pid):
                 state = "LOST"
             e.state = state
             e.reason = _local_reason(e, record)
@@ -366,6 +401,10 @@ def _local_reason(entry: Entry, record: dict[str, Any]) -> str | None:
     """A local element's reason: the first line of the error its rank 0 recorded, else its exit code."""
     if entry.state in ("COMPLETED", "PENDING", "RUNNING"):
         return None
+    if entry.state == "LOST":
+        return "its local runner is gone and recorded no end"
+    if not record:
+        return entry.reason  # the manifest's, the record being gone
     error = launcher_record(entry.run_dir).get("error")
     if error:
         return cut(str(error).strip().splitlines()[0], slurm.REASON_CHARS)

@@ -311,12 +311,24 @@ class RLCheckpointing:
         self._step_started = time.perf_counter()
         return decision.stop
 
-    def close(self, completed_steps: int) -> None:
+    def close(self, completed_steps: int, *, between_steps: bool = True) -> None:
+        """Save on exit (checkpoint.save_on_exit) and close. Not when a step was interrupted
+        (`between_steps` False: an exception, a second Ctrl-C, left it midway): its weights or optimizer
+        state may be half updated, and a checkpoint of them labelled `completed_steps` would resume into a
+        state no run had; the run resumes from its last checkpoint instead."""
         for remove in self._removers:
             remove()
         self._removers = []
         if self.cfg.checkpoint.save_on_exit and completed_steps > 0 and self._last_saved != completed_steps:
-            self.save(completed_steps)
+            if between_steps:
+                self.save(completed_steps)
+            else:
+                log.warning(
+                    "not saved on exit: step %d was interrupted midway (its state may be half updated); "
+                    "a rerun resumes from the last checkpoint (step %s)",
+                    completed_steps + 1,
+                    self._last_saved,
+                )
         self.checkpointer.close()
 
 
@@ -345,12 +357,14 @@ def run_steps(
     cursor); `lifecycle`: the run's signals (None: an inert one); `extra`: more checkpointed state
     (CheckpointedState). Returns (the last metrics, merged with the final ones; the reward plot or None)."""
     ckpt: RLCheckpointing | None = None
-    completed, last, stopped = 0, {}, False
+    completed, last, stopped, in_step = 0, {}, False, False
     try:  # a refused resume (another run's checkpoint) closes the logger too
         ckpt = RLCheckpointing(cfg, run_dir, *ckpt_parts, lifecycle=lifecycle, extra=extra)
         completed = ckpt.resume()
         for index in range(completed, cfg.algorithm.steps):
+            in_step = True  # until step() returns, the trainers' state may be half updated
             metrics = step(index)
+            in_step = False
             if sleep_s:
                 time.sleep(sleep_s)
             metrics["time/elapsed_s"] = time.perf_counter() - start
@@ -368,5 +382,5 @@ def run_steps(
     finally:
         plot = logger.close()
         if ckpt is not None:
-            ckpt.close(completed)
+            ckpt.close(completed, between_steps=not in_step)
     return last, plot

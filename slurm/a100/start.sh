@@ -11,7 +11,9 @@
 #
 # State dir (configs, logs, spool, PID records): ${HPCRL_A100_DIR:-<repo>/.slurm-a100}; no brackets,
 # commas or whitespace in it (it goes into gres.conf File=). Ports: HPCRL_A100_CTLD_PORT (26817),
-# HPCRL_A100_SLURMD_PORT (26818; node2 the next one). Writes <state>/slurm.env and <state>/cluster.json
+# HPCRL_A100_SLURMD_PORT (26818; node2 the next one); a second instance on this host also needs
+# HPCRL_SLURM_FIRST_JOB_ID (1; job ids become rendezvous ports, see slurm/dev/start.sh). Writes
+# <state>/slurm.env and <state>/cluster.json
 # (read by tests/launcher/conftest.py). Idempotent: exits 0 at once when its daemons answer.
 # Last line on success: SLURM_CONF=<path>. On failure: names the daemon and its log, stops what it
 # started, exits 1. Stop with slurm/a100/stop.sh (only the PIDs recorded under <state>/run/).
@@ -29,6 +31,7 @@ case "$state" in *[][,[:space:]]*)
 esac
 ctld_port="${HPCRL_A100_CTLD_PORT:-26817}"
 slurmd_port="${HPCRL_A100_SLURMD_PORT:-26818}"
+first_job_id="${HPCRL_SLURM_FIRST_JOB_ID:-1}"
 partition=gpu
 nodes=(node1 node2)
 cpus_per_node=64
@@ -118,6 +121,7 @@ MinJobAge=3600
 InactiveLimit=0
 JobRequeue=1
 MaxArraySize=1001
+FirstJobId=$first_job_id
 NodeName=node[1-2] NodeHostname=localhost NodeAddr=127.0.0.1 Port=$slurmd_port-$((slurmd_port + 1)) CPUs=$cpus_per_node Boards=1 Sockets=2 CoresPerSocket=32 ThreadsPerCore=1 RealMemory=1000000 Gres=gpu:a100:8 Feature=a100,ib State=UNKNOWN
 PartitionName=$partition Nodes=$node_names Default=YES MaxTime=$max_time State=UP
 EOF

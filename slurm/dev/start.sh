@@ -7,6 +7,9 @@
 #   ${HPCRL_SLURM_DIR:-<repo>/.slurm-dev}
 # Ports (override to run a second instance): HPCRL_SLURMCTLD_PORT (16817), HPCRL_SLURMDBD_PORT (16819),
 #   HPCRL_SLURMD_PORT (16821; nodes use it and the next 3), HPCRL_MARIADB_PORT (16306).
+# A second instance on the same host also needs HPCRL_SLURM_FIRST_JOB_ID (1), e.g. 5000: job ids become
+#   rendezvous ports (hpcrl.distributed.env.port_for_job), and two clusters both counting from 1 run jobs
+#   with equal ids at once, whose ranks then collide on one port (EADDRINUSE).
 # Writes <state>/slurm.env (source it: exports SLURM_CONF) and <state>/cluster.json.
 # Idempotent: exits 0 at once when the recorded daemons are alive and `scontrol ping` answers.
 # On failure: names the daemon and its log (last lines printed), stops what it started, exits 1.
@@ -25,6 +28,7 @@ ctld_port="${HPCRL_SLURMCTLD_PORT:-16817}"
 dbd_port="${HPCRL_SLURMDBD_PORT:-16819}"
 slurmd_port="${HPCRL_SLURMD_PORT:-16821}"
 db_port="${HPCRL_MARIADB_PORT:-16306}"
+first_job_id="${HPCRL_SLURM_FIRST_JOB_ID:-1}"
 cluster_name=hpcrldev
 partition=debug
 nodes=(node1 node2 node3 node4)
@@ -173,6 +177,7 @@ Waittime=0
 ReturnToService=2
 JobRequeue=1
 MaxArraySize=10001
+FirstJobId=$first_job_id
 MaxJobCount=20000
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none

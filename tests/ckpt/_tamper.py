@@ -17,6 +17,7 @@ import numpy as np
 from h5py import h5d, h5p, h5s, h5t
 
 from hpcrl.ckpt.integrity import file_digest, hash_segments, plan_segments
+from hpcrl.ckpt.manifest import DIGEST_KEY, manifest_digest
 from hpcrl.ckpt.shards import itemsize
 
 
@@ -25,6 +26,10 @@ def read_json(step: Path) -> dict[str, Any]:
 
 
 def write_json(step: Path, data: Any) -> None:
+    """Write a (forged) manifest; its own digest is recomputed, as a forger would (it guards against
+    damage, not forgery), so that the rules under test are the ones that refuse it."""
+    if isinstance(data, dict) and DIGEST_KEY in data:
+        data[DIGEST_KEY] = manifest_digest(data)
     (step / "manifest.json").write_text(json.dumps(data))
 
 

@@ -4,6 +4,7 @@ fallback to the previous good checkpoint on request; a failed load modifies noth
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 
 import pytest
@@ -15,6 +16,7 @@ from hpcrl.ckpt.manifest import CorruptCheckpoint, read_manifest
 from hpcrl.ckpt.shards import ShardSpec
 from hpcrl.ckpt.state import RunState
 from hpcrl.ckpt.verify import dataset_ranges, verify_directory
+from tests.ckpt import _tamper
 from tests.ckpt._model import global_tensors, rank_shards, rank_specs
 
 
@@ -80,7 +82,18 @@ def _corrupt_manifest_bytes(root):
     return r"manifest\.json: manifest does not parse"
 
 
+def _corrupt_manifest_value(root):
+    """A bit flip that leaves the manifest valid JSON, in a value no file checksum covers (an RNG
+    state): before the manifest's own digest, it loaded."""
+    path = root / "step_00000002" / "manifest.json"
+    data = json.loads(path.read_bytes())
+    data["rng"]["0"]["python"]["state"][7] ^= 0x40
+    path.write_text(json.dumps(data))
+    return r"manifest\.json: invalid manifest: manifest_digest does not match its content"
+
+
 CORRUPTIONS = {
+    "manifest_value": _corrupt_manifest_value,
     "flipped_byte": _corrupt_flip,
     "truncated": _corrupt_truncate,
     "missing_shard": _corrupt_missing,
@@ -142,11 +155,13 @@ def test_when_nothing_verifies_the_error_lists_every_candidate(two_steps):
 
 
 def _rewrite_digests_as_sha256(step_dir) -> None:
-    """What a checkpoint written before the XXH3 switch holds: bare SHA-256 hex segment digests."""
+    """What a checkpoint written before the XXH3 switch holds: bare SHA-256 hex segment digests (and
+    no digest of the manifest itself, which came later)."""
     import json
 
     path = step_dir / "manifest.json"
     data = json.loads(path.read_bytes())
+    del data["manifest_digest"]
     for file, entry in data["files"].items():
         raw = (step_dir / file).read_bytes()
         entry["segments"] = [
@@ -174,6 +189,14 @@ def test_a_digest_of_an_unknown_algorithm_is_a_corrupt_checkpoint_naming_the_fil
     data = json.loads((step / "manifest.json").read_bytes())
     for entry in data["files"].values():
         entry["segments"] = [[lo, hi, "md4:00"] for lo, hi, _ in entry["segments"]]
-    (step / "manifest.json").write_text(json.dumps(data))
+    _tamper.write_json(step, data)
     with pytest.raises(CorruptCheckpoint, match=r"rank_00000\.h5: unknown checksum algorithm 'md4'"):
         verify_directory(step)
+
+
+def test_a_manifest_over_its_size_cap_is_refused_before_it_is_parsed(two_steps, monkeypatch):
+    from hpcrl.ckpt import manifest
+
+    monkeypatch.setattr(manifest, "MAX_MANIFEST_BYTES", 1000)
+    with pytest.raises(CorruptCheckpoint, match=r"manifest unreadable: is larger than 1,000 bytes"):
+        read_manifest(two_steps / "step_00000002")

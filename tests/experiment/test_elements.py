@@ -18,14 +18,14 @@ from hpcrl.experiment.resolve import resolve
 from hpcrl.launcher import sweeps
 
 REPO = Path(__file__).resolve().parents[2]
-BASE = f"extends: {REPO / 'templates/grpo_tiny.yaml'}\ncluster: {{profile: local-dev, env: {{A: t}}}}\n"
+BASE = f"extends: {REPO / 'templates/grpo_tiny.yaml'}\ncluster: {{profile: local-dev, env: {{HPCRL_A: t}}}}\n"
 LOCAL = f"extends: {REPO / 'templates/grpo_tiny.yaml'}\n"  # local executor: tasks_per_node follows the layout
 AXES = {
     "optim.lr": st.floats(1e-6, 1e-2),
     "seed": st.integers(0, 10**6),
     "optim.betas": st.tuples(st.floats(0.5, 0.99), st.floats(0.9, 0.999)),
     "cluster.env": st.dictionaries(
-        st.sampled_from(["A", "B", "OMP_NUM_THREADS"]), st.text("xy z", max_size=3)
+        st.sampled_from(["HPCRL_A", "HPCRL_B", "OMP_NUM_THREADS"]), st.text("xy z", max_size=3)
     ),
     "algorithm.name": st.sampled_from(["grpo", "rloo"]),
     "cluster.cpus_per_task": st.integers(1, 4),

@@ -50,7 +50,7 @@ def test_extends_merges_base_first_and_list_axis_multiplies(tmp_path):
         """
         name: b
         algorithm: {steps: 3, kl_coef: 0.5}
-        cluster: {env: {A: "1", B: "2"}}
+        cluster: {env: {HPCRL_A: "1", HPCRL_B: "2"}}
     """,
     )
     child = write(
@@ -58,7 +58,7 @@ def test_extends_merges_base_first_and_list_axis_multiplies(tmp_path):
         """
         extends: base.yaml
         algorithm: {steps: 7}
-        cluster: {env: {B: "3"}}
+        cluster: {env: {HPCRL_B: "3"}}
         sweep:
           grid: {seed: [1, 2]}
           list:
@@ -70,7 +70,7 @@ def test_extends_merges_base_first_and_list_axis_multiplies(tmp_path):
     assert len(sweep.elements) == 4
     cfg = sweep.elements[0].config
     assert cfg.algorithm.steps == 7 and cfg.algorithm.kl_coef == 0.5 and cfg.name == "b"
-    assert cfg.cluster.env == {"A": "1", "B": "3"}
+    assert cfg.cluster.env == {"HPCRL_A": "1", "HPCRL_B": "3"}
     assert [e.config.algorithm.name for e in sweep.elements] == ["grpo", "rloo", "grpo", "rloo"]
     assert sweep.elements[1].config.algorithm.kl_coef == 0.0
 
@@ -86,11 +86,13 @@ def test_id_is_the_hash_of_the_resolved_config_not_of_the_template(tmp_path):
 def test_command_line_overrides_are_typed_and_dotted(tmp_path, capsys):
     t = write(tmp_path / "t.yaml", "name: t\n")
     assert (
-        cli.main(["expand", str(t), "--optim.lr", "1e-6", "--cluster.env", "{X: 'a b'}", "--print_config"])
+        cli.main(
+            ["expand", str(t), "--optim.lr", "1e-6", "--cluster.env", "{HPCRL_X: 'a b'}", "--print_config"]
+        )
         == 0
     )
     printed = loads_yaml(capsys.readouterr().out)
-    assert printed["optim"]["lr"] == 1e-6 and printed["cluster"]["env"] == {"X": "a b"}
+    assert printed["optim"]["lr"] == 1e-6 and printed["cluster"]["env"] == {"HPCRL_X": "a b"}
     assert cli.main(["expand", str(t), "--optim.lr", "fast", "--parallel.tensor", "two"]) == 2
     err = capsys.readouterr().err
     assert "command line:optim.lr" in err and "command line:parallel.tensor" in err

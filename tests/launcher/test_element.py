@@ -73,3 +73,23 @@ def test_an_in_process_run_leaves_no_rank_variables_behind(tmp_path, monkeypatch
     assert main(["run", str(template)]) == 0
     assert os.environ["MASTER_ADDR"] == "kept.example"
     assert not {"MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK"} & os.environ.keys()
+
+
+def test_an_in_process_run_restores_the_callers_environment(tmp_path, monkeypatch):
+    """`cluster.env` of a 1-rank `hpcrl run` is set for the run only: a name the caller had gets its value
+    back, a name it did not have is gone (before, both stayed in the caller's os.environ)."""
+    from hpcrl.cli import main
+
+    repo = Path(__file__).resolve().parents[2]
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    monkeypatch.delenv("HPCRL_PROBE_MARK", raising=False)
+    template = tmp_path / "probe.yaml"
+    template.write_text(
+        f"extends: {repo / 'templates' / 'base.yaml'}\nname: probe2\nentrypoint: hpcrl.launcher.probe:main\n"
+        f"run_root: {tmp_path / 'runs'}\ncluster: {{env: {{OMP_NUM_THREADS: '1', HPCRL_PROBE_MARK: set}}}}\n"
+    )
+    before = dict(os.environ)
+    assert main(["run", str(template)]) == 0
+    [probe] = (tmp_path / "runs").glob("probe2/*/probe.json")
+    assert json.loads(probe.read_text())["env"] == {"OMP_NUM_THREADS": "1", "HPCRL_PROBE_MARK": "set"}
+    assert dict(os.environ) == before

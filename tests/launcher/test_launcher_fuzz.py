@@ -209,9 +209,9 @@ class Case:
             data = {k: v for k, v in data.items() if k != key.partition(".")[0]}
             self.value = _raw_yaml_reads_it(raw, key, text)
         elif place == "env_value":
-            data["cluster"]["env"]["FUZZ"] = text
+            data["cluster"]["env"]["HPCRL_FUZZ"] = text
         elif place == "env_value_cli":
-            self.cli["cluster.env"] = json.dumps({"FUZZ": text})
+            self.cli["cluster.env"] = json.dumps({"HPCRL_FUZZ": text})
         elif place == "env_key":
             data["cluster"]["env"][text] = "1"
         elif place in ("module", "setup"):
@@ -240,7 +240,7 @@ class Case:
         elif profile_key == "env.key":
             profile["env"] = {text: "1"}
         elif profile_key == "env.value":
-            profile["env"] = {"FUZZ": text}
+            profile["env"] = {"HPCRL_FUZZ": text}
         else:
             profile[profile_key] = text
         (self.root / "prof").mkdir()

@@ -61,7 +61,7 @@ def test_arrays_are_cut_at_max_array_size_and_split_by_resource_shape(tmp_path):
 
 
 def test_manifest_round_trips_and_rejects_bad_indices(tmp_path):
-    entry = Entry(index=0, config_id="abc", config_path="c.yaml", run_dir="r", swept={"seed": 1})
+    entry = Entry(index=0, config_id="abc", config_path="r/config.yaml", run_dir="r", swept={"seed": 1})
     manifest = Manifest(
         sweep_dir=str(tmp_path),
         template="t.yaml",

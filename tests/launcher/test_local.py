@@ -20,7 +20,7 @@ PROBE = "entrypoint: hpcrl.launcher.probe:main\n"
 def test_run_one_rank_in_process_prints_run_dir_first(tmp_path, capsys):
     template = tmp_path / "t.yaml"
     template.write_text(
-        PROBE + f"name: one\nrun_root: {tmp_path / 'runs'}\ncluster: {{env: {{PROBE_VALUE: 'a;b'}}}}\n"
+        PROBE + f"name: one\nrun_root: {tmp_path / 'runs'}\ncluster: {{env: {{HPCRL_PROBE_VALUE: 'a;b'}}}}\n"
     )
     assert cli.main(["run", str(template)]) == 0
     first_line = capsys.readouterr().out.splitlines()[0]
@@ -29,7 +29,7 @@ def test_run_one_rank_in_process_prints_run_dir_first(tmp_path, capsys):
     result = json.loads((run_dir / "probe.json").read_text())
     assert result["world_size"] == 1 and result["all_reduce"] == 1.0
     assert result["config_id"] == run_dir.name  # the id the rank computes from what it received
-    assert result["env"] == {"PROBE_VALUE": "a;b"}
+    assert result["env"] == {"HPCRL_PROBE_VALUE": "a;b"}
     assert json.loads((run_dir / "launcher.json").read_text())["state"] == "COMPLETED"
 
 

@@ -143,3 +143,18 @@ def test_sigkill_of_the_launcher_takes_its_ranks_with_it(tmp_path):
     launcher.send_signal(signal.SIGKILL)
     launcher.wait(timeout=30)
     _all_gone(pids, 10, tmp_path / "run.log")
+
+
+def test_a_sigkilled_rank_0_does_not_leave_launcher_json_saying_running(tmp_path):
+    """Rank 0 writes RUNNING once the group formed and its own end when it can; SIGKILLed it cannot, and
+    launcher.json said RUNNING for good. The launcher that saw it die records how."""
+    launcher = _probe(tmp_path)
+    pids = _running_with_two_ranks(launcher, tmp_path, logged_a_step=False)
+    os.kill(pids[0], signal.SIGKILL)
+    assert launcher.wait(timeout=60) == RANK_DIED_EXIT
+    [state_file] = (tmp_path / "runs").glob("*/*/launcher.json")
+    state = json.loads(state_file.read_text())
+    assert state["state"] == "FAILED", state
+    assert state["error"].startswith(f"rank 0 of 2 (pid {pids[0]}, host ") and state["error"].endswith(
+        "SIGKILL"
+    )

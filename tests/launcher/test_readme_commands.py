@@ -9,6 +9,7 @@ leave this test with nothing to do.
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import subprocess
@@ -69,6 +70,64 @@ def test_a_cheap_readme_command_exits_0(argv, tmp_path, monkeypatch, capsys):
     except SystemExit as end:  # --help ends like argparse's
         code = end.code
     assert code == 0, capsys.readouterr().err
+
+
+def shown_tables() -> list[tuple[str, list[str], list[list[str]]]]:
+    """Every table the README shows as a command's output, as (the template of the last command before
+    it in its code block, the header cells, the row cells): rows are the lines starting with '│' after a
+    '┃' header (a trailing '...' cell says columns were left out)."""
+    out = []
+    for block in re.findall(r"^```[a-z]*\n(.*?)^```", README, flags=re.MULTILINE | re.DOTALL):
+        template, header, rows = None, None, []
+        for line in block.splitlines():
+            if line.startswith("$ "):
+                if header and rows:
+                    out.append((template, header, rows))
+                header, rows = None, []
+                template = next((arg for arg in shlex.split(line[2:]) if arg.endswith(".yaml")), template)
+            elif line.startswith("┃"):
+                header = [cell.strip() for cell in line.strip("┃ ").split("┃")]
+            elif line.startswith("│") and header:
+                rows.append([cell.strip() for cell in line.strip("│ ").split("│")])
+        if header and rows:
+            out.append((template, header, rows))
+    return out
+
+
+def test_the_readme_shows_tables_to_check():
+    assert any(template and "id" in header for template, header, _ in shown_tables())
+
+
+@pytest.mark.parametrize("shown", shown_tables(), ids=lambda shown: f"{shown[0]}:{' '.join(shown[1][:4])}")
+def test_ids_and_values_the_readme_shows_are_the_real_ones(shown, capsys, monkeypatch):
+    """`hpcrl expand templates/sweeps/probe-24.yaml` printed other ids than the README's (they drifted with
+    the config); each shown row's id and swept values must be what expand prints today."""
+    template, header, rows = shown
+    monkeypatch.chdir(REPO)
+    capsys.readouterr()
+    assert cli.main(["expand", template, "--json"]) == 0
+    real = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    for row in rows:
+        cells = dict(zip(header, row, strict=False))
+        element = real[int(cells["index"])]
+        assert cells["id"] == element["config_id"], (template, row)
+        for key, value in cells.items():
+            if key in element["swept"] and value != "...":
+                assert value == str(element["swept"][key]), (template, key, row)
+
+
+SHOWN_RUN_DIRS = re.findall(r"runs/(\w+)/([0-9a-f]{10})\b", README)
+
+
+def test_the_run_dirs_the_readme_shows_are_the_templates_config_ids(capsys, monkeypatch):
+    """`runs/grpo_tiny/<id>` in the main job's shown output is templates/grpo_tiny.yaml's config id (a new
+    config field changes every id)."""
+    assert SHOWN_RUN_DIRS
+    monkeypatch.chdir(REPO)
+    for name, shown_id in SHOWN_RUN_DIRS:
+        capsys.readouterr()
+        assert cli.main(["expand", f"templates/{name}.yaml", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out.splitlines()[0])["config_id"] == shown_id, name
 
 
 def test_the_override_example_of_the_main_job_runs(tmp_path):

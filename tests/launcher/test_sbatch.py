@@ -86,11 +86,11 @@ def test_hostile_env_values_stay_inert_in_bash(tmp_path):
     is refused at expand time (every config string is one line), so each export is one script line."""
     marker = tmp_path / "X"
     hostile = {
-        "A": f"$(touch {marker})",
-        "B": f"`touch {marker}`",
-        "C": f"x; touch {marker}",
-        "E": f"it's \"quoted\" ' ; touch {marker}",
-        "F": "* ~ $HOME ${IFS} !! \\",
+        "HPCRL_A": f"$(touch {marker})",
+        "HPCRL_B": f"`touch {marker}`",
+        "HPCRL_C": f"x; touch {marker}",
+        "HPCRL_E": f"it's \"quoted\" ' ; touch {marker}",
+        "HPCRL_F": "* ~ $HOME ${IFS} !! \\",
     }
     template = tmp_path / "t.yaml"
     template.write_text("cluster:\n  env: " + json.dumps(hostile) + "\n")
@@ -101,8 +101,8 @@ def test_hostile_env_values_stay_inert_in_bash(tmp_path):
     out = subprocess.run(["bash", "-c", script], capture_output=True, check=True).stdout
     assert out.split(b"\0")[:-1] == [v.encode() for v in hostile.values()]
     assert not marker.exists()
-    template.write_text("cluster:\n  env: " + json.dumps({"D": f"line1\ntouch {marker}\n"}) + "\n")
-    with pytest.raises(ConfigError, match=r"cluster\.env\.D: .* non-printable character '\\n'"):
+    template.write_text("cluster:\n  env: " + json.dumps({"HPCRL_D": f"line1\ntouch {marker}\n"}) + "\n")
+    with pytest.raises(ConfigError, match=r"cluster\.env\.HPCRL_D: .* non-printable character '\\n'"):
         resolve(template)
 
 

@@ -160,16 +160,16 @@ def test_dry_run_and_bad_template_submit_no_job(slurm_cluster, tmp_path, capsys)
 def test_hostile_values_reach_the_job_as_inert_data(slurm_cluster, tmp_path, capsys):
     marker = tmp_path / "X"
     hostile = {
-        "V_SUBST": f"$(touch {marker})",
-        "V_BACKTICK": f"`touch {marker}`",
-        "V_SEMI": f"a; touch {marker}",
-        "V_GLOB": "* ~ $HOME ${IFS} \\",  # a line break is refused at expand (test_launcher_security.py)
-        "V_QUOTES": f"it's \"q\" '; touch {marker}; '",
+        "HPCRL_V_SUBST": f"$(touch {marker})",
+        "HPCRL_V_BACKTICK": f"`touch {marker}`",
+        "HPCRL_V_SEMI": f"a; touch {marker}",
+        "HPCRL_V_GLOB": "* ~ $HOME ${IFS} \\",  # a line break is refused at expand (test_launcher_security.py)
+        "HPCRL_V_QUOTES": f"it's \"q\" '; touch {marker}; '",
     }
     template = tmp_path / "t.yaml"
     template.write_text(
         f"extends: {REPO / 'templates/base.yaml'}\nname: sec\nentrypoint: hpcrl.launcher.probe:main\n"
-        f"run_root: {tmp_path / 'runs'}\ndata: {{task: {json.dumps(hostile['V_SUBST'])}}}\n"
+        f"run_root: {tmp_path / 'runs'}\ndata: {{task: {json.dumps(hostile['HPCRL_V_SUBST'])}}}\n"
         f"cluster:\n  profile: local-dev\n  env: {json.dumps(hostile)}\n"
     )
     sweep_dir = tmp_path / "sweep"
@@ -180,7 +180,7 @@ def test_hostile_values_reach_the_job_as_inert_data(slurm_cluster, tmp_path, cap
     assert {k: result["env"][k] for k in hostile} == hostile  # byte-exact, never evaluated
     assert not marker.exists()
     script = load_manifest(sweep_dir).arrays[0]["script"]
-    exports = [line for line in script.split("\nexport ") if line.startswith("V_")]
+    exports = [line for line in script.split("\nexport ") if line.startswith("HPCRL_V_")]
     assert len(exports) == 5
     for key, value in hostile.items():
         assert f"{key}={shlex.quote(value)}" in script

@@ -28,8 +28,9 @@ from hypothesis import strategies as st
 
 from hpcrl import cli
 from hpcrl.errors import ConfigError
-from hpcrl.launcher import local, slurm
+from hpcrl.launcher import local, slurm, sweeps
 from hpcrl.launcher.manifest import MANIFEST, load_manifest, manifest_from_json
+from tests.hostile_paths import Sandbox, hostile_paths
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO / "templates" / "grpo_tiny.yaml"
@@ -250,9 +251,10 @@ def test_a_fifo_manifest_is_exit_2(sweep, capsys):
 
 @pytest.mark.timeout(20)
 def test_a_fifo_config_path_does_not_hang_resume(sweep, capsys):
-    fifo = sweep / "fifo.yaml"
+    fifo = Path(load_manifest(sweep).entries[0].config_path)  # where this dry run's config is
+    fifo.unlink()
     os.mkfifo(fifo)
-    edit_entry(sweep, config_path=str(fifo), state="FAILED")
+    edit_entry(sweep, state="FAILED")
     code, _, err = run_cli(capsys, "resume", sweep)
     assert code == 2 and "not a regular file" in err
 
@@ -383,3 +385,153 @@ def test_a_fifo_log_is_named_not_read(sweep, capsys):
     os.mkfifo(sweep / "local" / "0.log")
     code, out, _ = run_cli(capsys, "logs", sweep, 0)
     assert code == 0 and "not a regular file" in out
+
+
+# --- 7. output directories: never through a symlink, never someone else's folder (hpcrl.config.output_dirs)
+
+
+@pytest.fixture
+def planted(tmp_path) -> tuple[Path, Path]:
+    """A link planted where a user will type a path (the README's /tmp/demo), to a victim directory
+    (standing in for /etc: this suite runs as root)."""
+    victim = tmp_path / "etc"
+    victim.mkdir()
+    (victim / "passwd").write_text("root:x:0:0\n")
+    (tmp_path / "demo").symlink_to(victim)
+    return tmp_path / "demo", victim
+
+
+@pytest.mark.parametrize("tail", ["", "sweep"])
+def test_a_sweep_dir_through_a_symlink_is_exit_2_and_writes_nothing_there(planted, capsys, tail):
+    """Was: configs/, sbatch/ and manifest.json written into the link's target."""
+    link, victim = planted
+    code, _, err = run_cli(
+        capsys, "submit", TEMPLATE, "--dry-run", "--sweep_dir", link / tail if tail else link
+    )
+    assert code == 2 and "--sweep_dir: " in err and "symbolic link" in err and "Traceback" not in err
+    assert sorted(p.name for p in victim.iterdir()) == ["passwd"]
+
+
+def test_a_foreign_non_empty_folder_is_not_a_sweep_dir(tmp_path, capsys):
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    (folder / "cat.jpg").write_bytes(b"\xff\xd8")
+    code, _, err = run_cli(capsys, "submit", TEMPLATE, "--dry-run", "--sweep_dir", folder)
+    assert code == 2 and "--sweep_dir: is a non-empty folder that is not a sweep directory" in err
+    assert sorted(p.name for p in folder.iterdir()) == ["cat.jpg"]
+
+
+def test_a_dry_run_sweep_dir_may_be_reused(sweep, capsys):
+    assert run_cli(capsys, "submit", TEMPLATE, "--dry-run", "--sweep_dir", sweep)[0] == 0
+
+
+@pytest.mark.parametrize("where", ["link", "folder"])
+def test_a_run_root_through_a_symlink_or_in_a_folder_of_files_is_exit_2(planted, tmp_path, capsys, where):
+    """`hpcrl run T --run_root /etc` made /etc/<name>/<id>/ and wrote the run there."""
+    link, victim = planted
+    root = link if where == "link" else victim
+    code, _, err = run_cli(capsys, "run", TEMPLATE, "--run_root", root)
+    assert code == 2 and ":run_root: " in err and "Traceback" not in err
+    assert sorted(p.name for p in victim.iterdir()) == ["passwd"]
+
+
+PROBE = "entrypoint: hpcrl.launcher.probe:main\nname: probe\n"
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_hostile_sweep_dir_is_refused_in_one_line_or_written_only_where_it_leads(tmp_path, capsys, data):
+    sandbox = Sandbox.make(tmp_path / "sandbox")
+    path = data.draw(hostile_paths(sandbox))
+    before = sandbox.listing()
+    code, _, err = run_cli(capsys, "submit", TEMPLATE, "--dry-run", "--sweep_dir", path)
+    sandbox.check(path, code, err, "--sweep_dir", before)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_hostile_run_root_is_refused_in_one_line_or_written_only_where_it_leads(tmp_path, capsys, data):
+    """`hpcrl run` of the probe entrypoint (one rank, in this process): its run directory is the one
+    written under the run root."""
+    sandbox = Sandbox.make(tmp_path / "sandbox")
+    template = tmp_path / "probe.yaml"
+    template.write_text(PROBE)
+    path = data.draw(hostile_paths(sandbox))
+    before = sandbox.listing()
+    code, _, err = run_cli(capsys, "run", template, "--run_root", path)
+    sandbox.check(path, code, err, "run_root", before)
+
+
+# --- 8. what a terminal is shown of a manifest is escaped ----------------------------------------------
+
+
+def test_status_escapes_control_characters_of_every_cell(sweep, capsys):
+    """A manifest's swept values went to the terminal raw, ESC sequences included (terminal injection)."""
+    data = manifest_data(sweep)
+    data["keys"] = ["seed\x1b[2J"]
+    data["name"] = "n\x1b]0;title\x07"
+    data["entries"][0].update(swept={"seed\x1b[2J": "\x1b[31mred\nforged line"}, reason="r\x1b[5m")
+    write_manifest(sweep, data)
+    code, out, err = run_cli(capsys, "status", sweep)
+    assert code == 0, err
+    assert "\x1b" not in out + err and "\x07" not in out
+    assert "\\x1b[31mred\\nforged line" in out and "forged line" not in out.replace("\\nforged line", "")
+
+
+def test_a_parser_error_is_one_line_without_a_literal_newline(sweep, capsys):
+    code, _, err = run_cli(capsys, "logs", sweep, "x")
+    assert code == 2 and err.count("\n") == 1 and "\\n" not in err and 'key "index"' in err
+
+
+# --- 9. a local element without its state record ------------------------------------------------------
+
+
+def _gone_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+@pytest.mark.parametrize(
+    ("state", "expected"), [("FAILED", "FAILED"), ("RUNNING", "LOST"), ("UNKNOWN", "LOST")]
+)
+def test_a_local_element_whose_state_file_is_gone_keeps_its_end_or_is_lost(sweep, capsys, state, expected):
+    """Was UNKNOWN (a FAILED element included), which `resume` skipped; the README says such an element
+    is LOST and run again."""
+    edit_entry(sweep, "local", job_id=f"local:{_gone_pid()}_0", state=state, reason="RuntimeError: boom")
+    assert not (sweep / "local" / "0.json").exists()
+    code, _, err = run_cli(capsys, "status", sweep, "--json")
+    assert code == 0, err
+    manifest = load_manifest(sweep)
+    assert manifest.entries[0].state == expected
+    assert [e.index for e in sweeps.resubmittable(manifest)] == [0]
+
+
+# --- 10. a manifest's config_path is the element's config, read in the sweep ------------------------------
+
+
+@pytest.mark.parametrize("kind", ["etc_passwd", "fifo", "huge", "outside_configs"])
+@pytest.mark.parametrize("command", ["status", "resume"])
+def test_a_config_path_that_is_not_the_elements_config_is_refused_naming_the_entry(
+    sweep, tmp_path, capsys, kind, command
+):
+    """Was refused only after /etc/passwd had been read and fingerprinted, and reported as
+    `run_root: ... choose another run_root`."""
+    special = {"etc_passwd": Path("/etc/passwd"), "outside_configs": tmp_path / "configs" / "x.yaml"}
+    if kind == "fifo":
+        special[kind] = tmp_path / "fifo"
+        os.mkfifo(special[kind])
+    elif kind == "huge":
+        special[kind] = tmp_path / "huge.yaml"
+        with special[kind].open("wb") as fh:
+            fh.truncate(20 << 20)
+    edit_entry(sweep, config_path=str(special[kind]), state="FAILED")
+    code, _, err = run_cli(capsys, command, sweep)
+    assert code == 2 and f"{sweep / MANIFEST}:entries[0].config_path: " in err and "run_root" not in err, err
+
+
+def test_a_moved_dry_run_reads_its_configs_in_its_new_place(sweep, capsys):
+    moved = sweep.with_name("moved")
+    sweep.rename(moved)
+    [entry] = load_manifest(moved).entries
+    assert Path(entry.config_path).parent == moved / "configs" and Path(entry.config_path).is_file()

@@ -35,20 +35,21 @@ def test_dpo_saves_and_stops_on_sigusr1_then_a_rerun_finishes_with_each_step_onc
     """The Slurm warning signal (`--signal=B:USR1@N`) reaches DPO's save trigger: it saves at the next
     step boundary (no periodic saves here), stops, and the rerun resumes exactly there."""
     only_signal = ("--checkpoint.every_steps", "0")
-    run = start_run(TEMPLATE, tmp_path, *only_signal, log=tmp_path / "run.log")
+    runs = tmp_path / "runs"  # a run root holds run directories only (the logs lie beside it)
+    run = start_run(TEMPLATE, runs, *only_signal, log=tmp_path / "run.log")
     deadline = time.monotonic() + 100
     while run.poll() is None and time.monotonic() < deadline:
-        if any(tmp_path.glob("*/*/metrics.jsonl")) and steps_logged(run_dir_of(tmp_path)) >= 3:
+        if any(runs.glob("*/*/metrics.jsonl")) and steps_logged(run_dir_of(runs)) >= 3:
             break
         time.sleep(0.01)
     run.send_signal(signal.SIGUSR1)
     assert run.wait(timeout=60) == 0, (tmp_path / "run.log").read_text()[-3000:]
-    run_dir = run_dir_of(tmp_path)
+    run_dir = run_dir_of(runs)
     stopped_at = latest_step(run_dir / "checkpoints")
     assert stopped_at is not None and 3 <= stopped_at < STEPS
     assert steps_logged(run_dir) == stopped_at  # saved at the boundary right after the last logged step
     assert f"step {stopped_at}: saved (requested), stopping for requeue" in (tmp_path / "run.log").read_text()
-    rerun = start_run(TEMPLATE, tmp_path, *only_signal, log=tmp_path / "rerun.log")
+    rerun = start_run(TEMPLATE, runs, *only_signal, log=tmp_path / "rerun.log")
     assert rerun.wait(timeout=120) == 0, (tmp_path / "rerun.log").read_text()[-3000:]
     assert f"at step {stopped_at}" in (tmp_path / "rerun.log").read_text()
     assert [r["step"] for r in metric_rows(run_dir)] == list(range(STEPS + 1))  # + the final evaluation

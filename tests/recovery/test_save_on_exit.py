@@ -1,0 +1,64 @@
+"""The save on exit never commits a half-updated state: an exception (here a second Ctrl-C) inside a step's
+optimizer update ends the run without a checkpoint of that state; the run resumes from its last one.
+
+Before: run_steps' `finally` saved whatever the trainers held, labelled with the last completed step: the
+weights of step 3's update under the name step_2, so a resume applied that update twice."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from hpcrl.cli import main
+from hpcrl.rl import job
+
+TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "grpo_tiny.yaml"
+QUIET = ("--logging.tensorboard", "false", "--logging.plot", "false", "--logging.progress", "false")
+INTERRUPTED_STEP = 2
+
+
+@pytest.fixture
+def ctrl_c_inside_an_update(monkeypatch) -> None:
+    """KeyboardInterrupt right after the first optimizer update of step INTERRUPTED_STEP has changed the
+    weights (the rest of the step, its logging and bookkeeping, never happens)."""
+    armed = {"now": False}
+    real_step = torch.optim.AdamW.step
+
+    def step(self, *args, **kwargs):
+        result = real_step(self, *args, **kwargs)
+        if armed["now"]:
+            armed["now"] = False
+            raise KeyboardInterrupt
+        return result
+
+    real_run_steps = job.run_steps
+
+    def run_steps(cfg, run_dir, parts, logger, one_step, *args, **kwargs):
+        def maybe_interrupted(index: int) -> dict:
+            armed["now"] = index == INTERRUPTED_STEP
+            return one_step(index)
+
+        return real_run_steps(cfg, run_dir, parts, logger, maybe_interrupted, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", step)
+    monkeypatch.setattr(job, "run_steps", run_steps)
+
+
+def test_an_update_interrupted_midway_is_not_saved_on_exit(ctrl_c_inside_an_update, tmp_path, caplog):
+    argv = ["run", str(TEMPLATE), "--run_root", str(tmp_path), "--algorithm.steps", "4"]
+    argv += ["--algorithm.eval_every", "0", "--checkpoint.every_steps", "0", *QUIET]
+    with caplog.at_level(logging.WARNING), pytest.raises(KeyboardInterrupt):
+        main(argv)
+    [run_dir] = tmp_path.glob("grpo_tiny/*")
+    assert not list((run_dir / "checkpoints").glob("step_*")), "a half-updated state was committed"
+    assert f"not saved on exit: step {INTERRUPTED_STEP + 1} was interrupted midway" in caplog.text
+
+
+def test_a_run_stopped_between_steps_is_still_saved_on_exit(tmp_path):
+    argv = ["run", str(TEMPLATE), "--run_root", str(tmp_path), "--algorithm.steps", "2"]
+    assert main([*argv, "--algorithm.eval_every", "0", "--checkpoint.every_steps", "0", *QUIET]) == 0
+    [run_dir] = tmp_path.glob("grpo_tiny/*")
+    assert [p.name for p in (run_dir / "checkpoints").glob("step_*")] == ["step_00000002"]
