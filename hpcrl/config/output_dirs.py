@@ -51,7 +51,25 @@ class DirKind:
 
 SWEEP_DIR = DirKind("a sweep directory", frozenset({"manifest.json", "configs", "sbatch", "slurm", "local"}))
 RUN_ROOT = DirKind("a run root (one directory per experiment name)", any_directory=True)
-HF_EXPORT_DIR = DirKind("an HF export directory", frozenset({"config.json", "model.safetensors"}))
+HF_EXPORT_DIR = DirKind(
+    "an HF export directory",
+    frozenset(
+        {  # what hpcrl.ckpt.export writes: the model, and the tokenizer's files as transformers saves them
+            "config.json",
+            "model.safetensors",
+            "generation_config.json",
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "special_tokens_map.json",
+            "added_tokens.json",
+            "chat_template.jinja",
+            "chat_template.json",
+            "vocab.json",
+            "merges.txt",
+            "tokenizer.model",
+        }
+    ),
+)
 
 
 def output_dir_problem(path: str | Path, kind: DirKind) -> str | None:
