@@ -26,6 +26,7 @@ from pathlib import Path
 
 from hpcrl.cli.common import add_template_arguments, overrides_from
 from hpcrl.cli.plan import human
+from hpcrl.cluster.profiles import NOT_IN_TEMPLATES
 from hpcrl.config.schema import with_values
 from hpcrl.config.yaml_io import canonical_json, dump_yaml
 from hpcrl.distributed.layout import ParallelLayout
@@ -127,7 +128,8 @@ def _rehearse(element, rehearsal: Rehearsal, where: Path, args, *, real_model: b
         print(f"  {note}")
     where.mkdir(parents=True, exist_ok=False)
     data = with_values(element.data, rehearsal.overrides)
-    data["cluster"].pop("setup", None)  # only a profile may set it, and the rehearsal has none
+    for key in NOT_IN_TEMPLATES:  # a profile's or the command line's, and the rehearsal has neither
+        data["cluster"].pop(key, None)
     template = where / "rehearsal.yaml"
     template.write_text(dump_yaml(data))
     if rehearsal.model_dir and not real_model:

@@ -81,6 +81,10 @@ def reference_problem(reference: str, from_command_line: bool) -> str | None:
     return None
 
 
+NOT_IN_TEMPLATES = ("setup", "env_allow")
+"""`cluster` keys a template never sets (see `setup_problems`): a profile or the command line does."""
+
+
 def setup_problems(cluster: Any, origin_of: Callable[[str], str | None]) -> list[Problem]:
     """`cluster.setup` set anywhere but in a profile (a template of the extends chain, the command line),
     and `cluster.env_allow` set in a template (it comes from a profile or the command line).
