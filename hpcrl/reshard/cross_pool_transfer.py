@@ -24,30 +24,19 @@ Usage (every rank of the world calls `build` in the same order, as torch.distrib
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 
 import torch
 import torch.distributed as dist
 
 from hpcrl.distributed.groups import new_group
-from hpcrl.reshard.convert import RolloutWeights, rollout_weights
+from hpcrl.reshard.convert import NamedShard, RolloutWeights, rollout_weights
 from hpcrl.reshard.cross_pool import Block, CrossPoolPlan, Message
 from hpcrl.reshard.transport import CountingTransport, Group, TorchTransport, Transport
 from hpcrl.train.config import ModelConfig
 
 FAMILY = "cross_pool"
 """Group family of the transfer (CountingTransport keys its tally by it)."""
-
-
-@dataclass(frozen=True)
-class _Shard:
-    """A received generation shard as convert.rollout_weights reads one (`megatron_tensors()`)."""
-
-    tensors: Mapping[str, torch.Tensor]
-
-    def megatron_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        return iter(self.tensors.items())
 
 
 def _view(tensor: torch.Tensor, block: Block, start: int) -> torch.Tensor:
@@ -167,7 +156,7 @@ class CrossPoolTransfer:
         """`out` (a received generation shard) as HF/vLLM (name, tensor) pairs for this rollout rank's TP
         shard: the colocated hand-off's `rollout_weights`, at the rollout pool's layout and local rank."""
         local = self.plan.gen_ranks.index(self.rank)
-        return rollout_weights(_Shard(out), self.plan.gen, local, model_cfg)
+        return rollout_weights(NamedShard(out), self.plan.gen, local, model_cfg)
 
     @staticmethod
     def _check(tensors: Mapping[str, torch.Tensor], shapes: Mapping[str, tuple[int, ...]], kind: str) -> None:

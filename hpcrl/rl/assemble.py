@@ -32,10 +32,10 @@ from hpcrl.reshard.transport import make_groups
 from hpcrl.rewards.scoring import build_scorer
 from hpcrl.rl.async_placement import async_placement_problems, build_async_driver
 from hpcrl.rl.driver import PromptCodec, RLDriver, Workers
-from hpcrl.rl.handoff import build_rollout_side
+from hpcrl.rl.handoff import SideInputs, build_rollout_side
 from hpcrl.rl.workers import ActorWorker, Pool, RolloutWorker, Shards, TrainerWorker
 from hpcrl.rollout.base import SamplingParams
-from hpcrl.rollout.engine_rule import EngineFacts, resolve_engine
+from hpcrl.rollout.engine_rule import ENGINES, EngineFacts, resolve_engine
 from hpcrl.train.model import build_generation_groups, build_train_groups, named_global_params
 from hpcrl.train.trainer import build_policy_trainer, build_value_trainer
 
@@ -194,9 +194,10 @@ def _build_actor_and_rollout(cfg: ExperimentConfig, tokenizer, pool: Pool, group
     p = cfg.parallel
     layout = ParallelLayout.from_config(p)  # the actor pool's ranks are [0, layout.world_size)
     engine_name = rollout_engine_for(cfg)
+    kind = ENGINES[engine_name]
     reshard_groups = make_groups(layout, ENGINE_FAMILIES, timeout_s=p.timeout_s)  # every rank
     generation_groups = (  # collective over every rank, like the reshard groups
-        build_generation_groups(layout, timeout_s=p.timeout_s) if engine_name == "megatron" else None
+        build_generation_groups(layout, timeout_s=p.timeout_s) if kind.builds_on_generation_groups else None
     )
     world_group = dist.group.WORLD if world > 1 else None
     mbs = cfg.optim.micro_batch_size
@@ -215,14 +216,16 @@ def _build_actor_and_rollout(cfg: ExperimentConfig, tokenizer, pool: Pool, group
 
     side = build_rollout_side(
         engine_name,
-        cfg.rollout,
-        model_cfg,
-        layout,
-        rank,
-        reshard,
-        generation_groups,
-        (tokenizer.pad_token_id, tokenizer.eos_token_id),
-        written=written if p.verify_weight_sync else None,
+        SideInputs(
+            cfg.rollout,
+            model_cfg,
+            layout,
+            rank,
+            reshard,
+            generation_groups,
+            (tokenizer.pad_token_id, tokenizer.eos_token_id),
+            written=written if p.verify_weight_sync else None,
+        ),
     )
     actor = ActorWorker(trainer, side.handoff, mbs, pool)
     shards = Shards(layout.rollout_coords(rank).data, layout.rollout_data)
@@ -232,7 +235,7 @@ def _build_actor_and_rollout(cfg: ExperimentConfig, tokenizer, pool: Pool, group
         world_group,
         tokenizer.pad_token_id,
         sleep=side.sleep,
-        max_num_seqs=None if engine_name == "vllm" else cfg.rollout.max_num_seqs,  # vLLM schedules its own
+        max_num_seqs=None if kind.schedules_its_batches else cfg.rollout.max_num_seqs,
     )
 
 

@@ -35,6 +35,7 @@ from hpcrl.rl.async_weights import DoubleBufferedWeights, WeightSender
 from hpcrl.rl.driver import RLDriver, Workers
 from hpcrl.rl.handoff import shard_loader
 from hpcrl.rl.workers import ActorWorker, Pool, RolloutWorker, Shards, TrainerWorker
+from hpcrl.rollout.engine_rule import ENGINES
 from hpcrl.rollout.factory import build_rollout_engine
 from hpcrl.rollout.megatron_engine import MegatronRolloutEngine
 from hpcrl.train.config import ModelConfig
@@ -123,7 +124,7 @@ class AsyncGroups:
         timeout, tl, gl = cfg.parallel.timeout_s, pools.train_layout, pools.gen_layout
         train = build_train_groups(tl.tensor, tl.pipeline, tl.data, rank_offset=0, timeout_s=timeout)
         engine = None
-        if engine_name == "megatron":
+        if ENGINES[engine_name].builds_on_generation_groups:
             engine = build_train_groups(
                 gl.tensor, gl.pipeline, gl.data, rank_offset=pools.rollout.start, timeout_s=timeout
             )
@@ -182,10 +183,11 @@ def build_rollout_side(
 
     local = rank - pools.rollout.start
     tokens = (tokenizer.pad_token_id, tokenizer.eos_token_id)
-    if engine_name == "megatron":
+    kind = ENGINES[engine_name]
+    if kind.builds_on_generation_groups:
         engine = MegatronRolloutEngine.build(model_cfg, groups.engine, *tokens)
     else:  # hf, or vllm at t_g = 1 (its TP groups would span the world: a placement rule refuses t_g > 1)
-        engine = build_rollout_engine(cfg.rollout, model_cfg, *tokens)
+        engine = build_rollout_engine(engine_name, cfg.rollout, model_cfg, *tokens)
     device = (
         torch.device("cuda", torch.cuda.current_device())
         if torch.cuda.is_available()
@@ -199,7 +201,7 @@ def build_rollout_side(
         Shards(coords.data, pools.gen_layout.rollout_data),
         groups.rollout_gather,
         tokenizer.pad_token_id,
-        max_num_seqs=None if engine_name == "vllm" else cfg.rollout.max_num_seqs,
+        max_num_seqs=None if kind.schedules_its_batches else cfg.rollout.max_num_seqs,
     )
     actor = ActorWorker(None, None, cfg.optim.micro_batch_size, pools.train)
     return Workers(actor, rollout), DoubleBufferedWeights(groups.transfer, back, load)

@@ -17,23 +17,13 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 
 import torch
 
+from hpcrl.reshard.convert import NamedShard
 from hpcrl.reshard.cross_pool_transfer import CrossPoolTransfer
-
-
-class ReceivedShard:
-    """A generation shard received from the training pool, read by the engine loaders like the reshard
-    engine's GenerationShard: `megatron_tensors()` yields (global Megatron name, generation-shard tensor)."""
-
-    def __init__(self, tensors: Mapping[str, torch.Tensor]):
-        self.tensors = tensors
-
-    def megatron_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        return iter(self.tensors.items())
 
 
 class _BackgroundReceiver:
@@ -87,14 +77,14 @@ class DoubleBufferedWeights:
     """A rollout rank's side: the engine's weights (front, `version`) and a back buffer for the next.
 
     `back`: {name: generation-shard tensor} to receive into (CrossPoolTransfer.allocate), owned here.
-    `load`: puts a ReceivedShard into the engine (hpcrl.rl.handoff.shard_loader). One receive is in
+    `load`: puts a NamedShard into the engine (hpcrl.rl.handoff.shard_loader). One receive is in
     flight at most; every rank of the rollout pool follows the same schedule."""
 
     def __init__(
         self,
         transfer: CrossPoolTransfer,
         back: dict[str, torch.Tensor],
-        load: Callable[[ReceivedShard], int],
+        load: Callable[[NamedShard], int],
     ):
         self.transfer, self.back, self.load = transfer, back, load
         self.version: int | None = None
@@ -134,7 +124,7 @@ class DoubleBufferedWeights:
         received = future.result()  # re-raises the transfer's error (a dead peer: its timeout)
         self._pending = None
         waited = time.perf_counter() - start
-        tensors = self.load(ReceivedShard(self.back))
+        tensors = self.load(NamedShard(self.back))
         self.version = version
         return {
             "weights/bytes_received": float(received),

@@ -91,42 +91,71 @@ class RolloutSide:
     """Frees the rollout's memory until the next hand-off (None: the engine keeps it)."""
 
 
-def build_rollout_side(
-    engine_name: str,
-    rollout_cfg: RolloutConfig,
-    model_cfg: ModelConfig,
-    layout: ParallelLayout,
-    rank: int,
-    reshard,
-    generation_groups,
-    tokens: tuple[int, int],
-    *,
-    written: Callable[[], Mapping[str, torch.Tensor]] | None = None,
-) -> RolloutSide:
-    """Compose the rollout engine `engine_name` with the reshard engine `reshard` of this rank.
+@dataclass(frozen=True)
+class SideInputs:
+    """What composing a rollout side of one engine kind takes."""
 
-    `generation_groups`: megatron groups at the generation layout (hpcrl.train.model.
-    build_generation_groups; used by the megatron engine only). `tokens` = (pad_id, eos_id).
-    `written`: verify every hand-off against these weights (see ReshardHandoff).
-    """
-    if engine_name == "megatron":
-        engine = MegatronRolloutEngine.build(model_cfg, generation_groups, *tokens)
-        store = GenerationStore.for_engine(reshard)
-        store.bind(engine.global_params())
+    rollout_cfg: RolloutConfig
+    model_cfg: ModelConfig
+    layout: ParallelLayout
+    rank: int
+    reshard: object
+    generation_groups: object
+    """megatron groups at the generation layout (hpcrl.train.model.build_generation_groups), for a kind
+    that builds on them (EngineKind.builds_on_generation_groups); None otherwise."""
+    tokens: tuple[int, int]
+    """(pad_id, eos_id)."""
+    written: Callable[[], Mapping[str, torch.Tensor]] | None = None
+    """Verify every hand-off against these weights (see ReshardHandoff)."""
 
-        def sleep() -> None:
-            store.sleep()
-            reshard.release_staging()
 
-        handoff = ReshardHandoff(reshard, store=store, written=written)
-        return RolloutSide(engine, handoff, sleep if _sleeps(rollout_cfg) else None)
-    if engine_name == "vllm" and layout.rollout_tensor > 1:
-        engine = _vllm_spmd_engine(rollout_cfg, model_cfg, layout, tokens)
-    else:  # hf, or vllm at t_g = 1: the generation shard converted to HF names and copied in
-        engine = build_rollout_engine(rollout_cfg, model_cfg, *tokens)
-    deliver = shard_loader(engine_name, engine, layout, rank, model_cfg)
-    sleep = getattr(engine, "sleep", None) if _sleeps(rollout_cfg) else None
-    return RolloutSide(engine, ReshardHandoff(reshard, deliver, written=written), sleep)
+def build_rollout_side(engine_name: str, inputs: SideInputs) -> RolloutSide:
+    """The rollout engine `engine_name` (a resolved kind, hpcrl.rollout.engine_rule.ENGINES) composed with
+    this rank's reshard engine."""
+    return _SIDES[engine_name](inputs)
+
+
+def _megatron_side(i: SideInputs) -> RolloutSide:
+    """megatron-core at the generation layout; its parameters are views of the store the reshard fills."""
+    engine = MegatronRolloutEngine.build(i.model_cfg, i.generation_groups, *i.tokens)
+    store = GenerationStore.for_engine(i.reshard)
+    store.bind(engine.global_params())
+
+    def sleep() -> None:
+        store.sleep()
+        i.reshard.release_staging()
+
+    handoff = ReshardHandoff(i.reshard, store=store, written=i.written)
+    return RolloutSide(engine, handoff, sleep if _sleeps(i.rollout_cfg) else None)
+
+
+def _delivered_side(engine: RolloutEngine, engine_name: str, i: SideInputs) -> RolloutSide:
+    """An engine the generation shard is delivered to (converted, copied in) after each transition."""
+    deliver = shard_loader(engine_name, engine, i.layout, i.rank, i.model_cfg)
+    handoff = ReshardHandoff(i.reshard, deliver, written=i.written)
+    return RolloutSide(engine, handoff, engine.sleep if _sleeps(i.rollout_cfg) else None)
+
+
+def _hf_side(i: SideInputs) -> RolloutSide:
+    return _delivered_side(build_rollout_engine("hf", i.rollout_cfg, i.model_cfg, *i.tokens), "hf", i)
+
+
+def _vllm_side(i: SideInputs) -> RolloutSide:
+    """vLLM: one engine per rank at t_g = 1; at t_g > 1 tensor-parallel over HybridFlow's strided
+    generation TP groups, each rank pushing only its own generation-TP shard."""
+    if i.layout.rollout_tensor > 1:
+        engine = _vllm_spmd_engine(i.rollout_cfg, i.model_cfg, i.layout, i.tokens)
+    else:
+        engine = build_rollout_engine("vllm", i.rollout_cfg, i.model_cfg, *i.tokens)
+    return _delivered_side(engine, "vllm", i)
+
+
+_SIDES: dict[str, Callable[[SideInputs], RolloutSide]] = {
+    "megatron": _megatron_side,
+    "hf": _hf_side,
+    "vllm": _vllm_side,
+}
+"""How each engine kind of hpcrl.rollout.engine_rule.ENGINES is composed with the reshard engine."""
 
 
 def shard_loader(
@@ -134,26 +163,39 @@ def shard_loader(
 ) -> Callable[[object], int]:
     """How a generation shard (anything with `megatron_tensors()`: the reshard engine's, or one received
     from another pool, hpcrl.rl.async_weights) enters engine `engine_name`; returns tensors loaded.
-    `layout`/`rank`: the generation layout and this rank's index in it (which TP shard it is).
-    - megatron: the Megatron-named tensors copied into the generation model (`load_weights`);
-    - vllm at t_g > 1: this rank's TP shard in HF names, pushed as a shard (`load_shard`);
-    - hf, or vllm at t_g = 1: converted to HF names and copied in (`load_weights`)."""
-    if engine_name == "megatron":
-        return lambda shard: engine.load_weights(shard.megatron_tensors())
-    if engine_name == "vllm" and layout.rollout_tensor > 1:
+    `layout`/`rank`: the generation layout and this rank's index in it (which TP shard it is)."""
+    return _LOADERS[engine_name](engine, layout, rank, model_cfg)
 
-        def push_shard(shard) -> int:
-            engine.wake_up()
-            return engine.load_shard(rollout_weights(shard, layout, rank, model_cfg))
 
-        return push_shard
+def _load_megatron_names(engine, layout, rank, model_cfg) -> Callable[[object], int]:  # noqa: ARG001
+    """The Megatron-named tensors copied into the generation model (`load_weights`)."""
+    return lambda shard: engine.load_weights(shard.megatron_tensors())
+
+
+def _load_hf_names(engine, layout, rank, model_cfg) -> Callable[[object], int]:
+    """Converted to HF names (this rank's TP shard) and copied in (`load_weights`)."""
 
     def load(shard) -> int:
-        if hasattr(engine, "wake_up"):
-            engine.wake_up()
+        engine.wake_up()
         return engine.load_weights(rollout_weights(shard, layout, rank, model_cfg))
 
     return load
+
+
+def _load_vllm(engine, layout, rank, model_cfg) -> Callable[[object], int]:
+    """At t_g > 1: this rank's TP shard in HF names, pushed as a shard (`load_shard`); else as HF."""
+    if layout.rollout_tensor == 1:
+        return _load_hf_names(engine, layout, rank, model_cfg)
+
+    def push_shard(shard) -> int:
+        engine.wake_up()
+        return engine.load_shard(rollout_weights(shard, layout, rank, model_cfg))
+
+    return push_shard
+
+
+_LOADERS = {"megatron": _load_megatron_names, "hf": _load_hf_names, "vllm": _load_vllm}
+"""How a generation shard enters each engine kind."""
 
 
 def _vllm_spmd_engine(rollout_cfg, model_cfg, layout, tokens):

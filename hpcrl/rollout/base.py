@@ -56,10 +56,20 @@ class GenerationOutput:
 
 
 class RolloutEngine(Protocol):
-    """What the driver needs from a generation backend."""
+    """What the driver and the weight hand-off need from a generation backend; every engine has every
+    method (one that has nothing to do makes it a no-op), so no caller asks which engine it holds. The
+    kinds' own facts (what each can run, how it is built) are hpcrl.rollout.engine_rule.ENGINES."""
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Copy (name, tensor) pairs into the engine's model; returns how many tensors were loaded."""
+        ...
+
+    def sleep(self) -> None:
+        """Free what the engine holds between generation and training (vLLM: `LLM.sleep` on CUDA)."""
+        ...
+
+    def wake_up(self) -> None:
+        """Take back what `sleep` freed, before the next weight load and generation."""
         ...
 
     def generate(

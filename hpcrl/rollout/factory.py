@@ -4,7 +4,6 @@ the generation groups by the RL job, hpcrl.rl.handoff). Which engine runs a conf
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 from hpcrl.errors import ConfigError, Problem
@@ -29,20 +28,33 @@ def resolve_engine_name(
 
 
 def build_rollout_engine(
-    cfg: RolloutConfig, model_cfg: ModelConfig, pad_id: int, eos_id: int, model_dir: Path | None = None
+    name: str,
+    cfg: RolloutConfig,
+    model_cfg: ModelConfig,
+    pad_id: int,
+    eos_id: int,
+    model_dir: Path | None = None,
 ) -> RolloutEngine:
-    """A whole-model engine (t_g = p_g = 1): hf or vllm. `model_dir`: an HF directory of the initial
-    weights (vLLM starts from one; HF builds from config). The megatron engine is built with the
-    generation groups by the RL job (hpcrl.rl.assemble)."""
-    source = model_cfg if model_dir is None else dataclasses.replace(model_cfg, hf_path=str(model_dir))
-    name = resolve_engine_name(cfg, model=source)
-    if name == "hf":
-        return HFRolloutEngine.from_model_config(model_cfg, pad_id, eos_id)
-    if name != "vllm":
+    """The whole-model engine `name` (resolved by the caller: hpcrl.rollout.engine_rule.resolve_engine):
+    hf or vllm at t_g = p_g = 1. `model_dir`: an HF directory of the initial weights (vLLM starts from one;
+    HF builds from config). The megatron engine is built with the generation groups by the RL job."""
+    builder = _WHOLE_MODEL.get(name)
+    if builder is None:
         raise ConfigError(
             Problem(f"engine {name!r} is built with generation groups, not here", key="rollout.engine")
         )
+    return builder(cfg, model_cfg, pad_id, eos_id, model_dir)
 
+
+def _hf(cfg: RolloutConfig, model_cfg: ModelConfig, pad_id: int, eos_id: int, model_dir) -> RolloutEngine:  # noqa: ARG001
+    return HFRolloutEngine.from_model_config(model_cfg, pad_id, eos_id)
+
+
+def _vllm(cfg: RolloutConfig, model_cfg: ModelConfig, pad_id: int, eos_id: int, model_dir) -> RolloutEngine:
     return VLLMRolloutEngine(
         str(model_dir or model_cfg.hf_path), cfg, eos_id, pad_id=pad_id, dtype=model_cfg.dtype
     )
+
+
+_WHOLE_MODEL = {"hf": _hf, "vllm": _vllm}
+"""The engine kinds that run one whole model per rank, by name."""

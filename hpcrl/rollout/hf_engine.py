@@ -44,6 +44,12 @@ class HFRolloutEngine:
     def from_model_config(cls, cfg: ModelConfig, pad_id: int, eos_id: int, **kwargs) -> HFRolloutEngine:
         return cls(build_hf_causal_lm(cfg), pad_id, eos_id, **kwargs)
 
+    def sleep(self) -> None:
+        """Nothing to free: the model is the weights it holds."""
+
+    def wake_up(self) -> None:
+        """Nothing was freed."""
+
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], strict: bool = True) -> int:
         """Copy HF-named tensors into the model. strict: every parameter must arrive exactly once

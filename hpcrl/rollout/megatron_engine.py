@@ -108,6 +108,13 @@ class MegatronRolloutEngine:
         by `load_weights` before the first `generate`."""
         return cls(build_gpt_model(cfg, groups, initialize=False), cfg, groups, pad_id, eos_id)
 
+    def sleep(self) -> None:
+        """Nothing here: its weights are views of the generation store, which the hand-off puts to sleep
+        (hpcrl.reshard.generation.GenerationStore.sleep)."""
+
+    def wake_up(self) -> None:
+        """The store wakes at the next sync."""
+
     def global_params(self) -> dict[str, torch.nn.Parameter]:
         """Global Megatron name -> parameter of this rank's generation shard (what the store binds)."""
         return dict(named_global_params(self.model, self.cfg, self.groups))

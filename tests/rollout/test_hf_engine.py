@@ -89,5 +89,5 @@ def test_tied_embeddings_accept_or_skip_lm_head():
 
 def test_auto_engine_is_hf_without_a_gpu():
     assert resolve_engine_name(RolloutConfig(engine="auto")) == "hf"
-    engine = build_rollout_engine(RolloutConfig(engine="hf"), CFG, TOK.pad_token_id, TOK.eos_token_id)
+    engine = build_rollout_engine("hf", RolloutConfig(engine="hf"), CFG, TOK.pad_token_id, TOK.eos_token_id)
     assert isinstance(engine, HFRolloutEngine)
