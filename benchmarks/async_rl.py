@@ -54,7 +54,7 @@ VARIANTS: dict[str, list[str]] = {
     ],
 }  # fmt: skip
 COLOCATED = ["templates/grpo_tiny.yaml", "--parallel.data", "2", "--cluster.tasks_per_node", "2"]
-ASYNC = ["templates/grpo_tiny_async.yaml", "--algorithm.max_off_policy_steps", "1"]
+ASYNC = ["templates/grpo_tiny_async.yaml", "--placement.max_off_policy_steps", "1"]
 
 
 def run(template_args: list[str], extra: list[str], seed: int) -> list[dict]:

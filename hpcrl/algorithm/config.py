@@ -66,19 +66,5 @@ class AlgorithmConfig:
     """The penalty at the full generation budget."""
     dpo_beta: float = 0.1
     """DPO temperature beta."""
-    placement: Literal["colocated", "split", "async"] = "colocated"
-    """colocated: actor/ref/critic on all ranks, reshard between phases; split: disjoint rank pools
-    (critic + reference on the second); async: the rollout engine on its own pool, generating the next
-    batches while the training pool (actor, + reference and critic) updates on this one
-    (hpcrl.rl.async_driver; verl's one-step-off-policy recipe)."""
-    max_off_policy_steps: int = 1
-    """async placement: staleness bound m. The batch trained at step k is generated with the weights
-    after update max(0, k - m), so every sample's version lag is at most m. 1 = one-step off-policy
-    (generation of batch k+1 overlaps the update on batch k); 0 = synchronous (the colocated run's
-    samples exactly, for exactness tests); larger m keeps m batches in flight (at most 16)."""
-    rollout_pool_data: int = 1
-    """async placement: generation data-parallel replicas of the rollout pool [d_r]. The rollout pool is
-    parallel.rollout_tensor * parallel.rollout_pipeline * rollout_pool_data ranks, placed after the
-    training pool's parallel.tensor * parallel.pipeline * parallel.data ranks."""
     eval_every: int = 5
     """Evaluate held-out reward every this many steps (0: never)."""

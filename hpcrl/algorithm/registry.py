@@ -51,7 +51,7 @@ def algorithm_problems(algo: AlgorithmConfig, samples_per_prompt: int, max_new_t
         ]
     rules = _common_rules(algo)
     if spec.online:
-        rules += _online_rules(algo, spec, samples_per_prompt, max_new_tokens) + _async_rules(algo)
+        rules += _online_rules(algo, spec, samples_per_prompt, max_new_tokens)
     else:
         rules.append(("algorithm.dpo_beta", algo.dpo_beta > 0, f"must be > 0, got {algo.dpo_beta}"))
     return [Problem(message, key=key) for key, ok, message in rules if not ok]
@@ -64,37 +64,6 @@ def _common_rules(algo: AlgorithmConfig) -> list[tuple[str, bool, str]]:
             "algorithm.prompts_per_step",
             algo.prompts_per_step >= 1,
             f"must be >= 1, got {algo.prompts_per_step}",
-        ),
-    ]
-
-
-MAX_OFF_POLICY_STEPS = 16
-"""The staleness bound's bound: m batches are in flight, held in memory on both pools, and generated
-ahead at once at the first step (AReaL reports learning degrading beyond a few steps of staleness)."""
-
-
-def _async_rules(algo: AlgorithmConfig) -> list[tuple[str, bool, str]]:
-    """The async placement's own keys (hpcrl.rl.async_driver). Off-policy samples (m >= 1) need the
-    truncated importance weight: it is what corrects the PPO ratio for the stale behaviour policy."""
-    if algo.placement != "async":
-        return []
-    m = algo.max_off_policy_steps
-    return [
-        (
-            "algorithm.max_off_policy_steps",
-            0 <= m <= MAX_OFF_POLICY_STEPS,
-            f"must be in [0, {MAX_OFF_POLICY_STEPS}] (0 = synchronous), got {m}",
-        ),
-        (
-            "algorithm.rollout_pool_data",
-            algo.rollout_pool_data >= 1,
-            f"must be >= 1, got {algo.rollout_pool_data}",
-        ),
-        (
-            "algorithm.tis_cap",
-            m < 1 or algo.tis_cap is not None,
-            f"max_off_policy_steps={m} trains on samples of older weights: the truncated importance weight "
-            "min(pi_old / pi_rollout, tis_cap) corrects for them, set tis_cap (e.g. 2.0)",
         ),
     ]
 

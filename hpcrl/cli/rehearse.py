@@ -30,6 +30,7 @@ from hpcrl.cluster.profiles import NOT_IN_TEMPLATES
 from hpcrl.config.schema import with_values
 from hpcrl.config.yaml_io import canonical_json, dump_yaml
 from hpcrl.distributed.layout import ParallelLayout
+from hpcrl.distributed.placement import placement_of
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.resolve import resolve
 from hpcrl.launcher import local, sweeps
@@ -180,7 +181,7 @@ def _write_tiny_model(rehearsal: Rehearsal, out_dir: Path, dtype: str) -> None:
 def _bound_bytes(element, rehearsal: Rehearsal) -> int | None:
     """Rank 0's planned receive bytes per weight sync (None on the async placement: its transfer is
     cross-pool, logged under weights/)."""
-    if element.config.algorithm.placement == "async":
+    if placement_of(element.config.placement).off_policy:
         return None
     # torch (through hpcrl.train.model's norm dtype rule): only when a rehearsal runs
     from hpcrl.reshard.build import model_param_metas

@@ -16,6 +16,7 @@ from hpcrl.ckpt.config import CheckpointConfig
 from hpcrl.cluster.config import ClusterConfig
 from hpcrl.data.config import DataConfig
 from hpcrl.distributed.config import ParallelConfig
+from hpcrl.distributed.placement import PlacementConfig, placement_of
 from hpcrl.metrics.config import LoggingConfig
 from hpcrl.rewards.config import RewardConfig
 from hpcrl.rollout.config import RolloutConfig
@@ -38,6 +39,7 @@ class ExperimentConfig:
     stop signals; an entrypoint that saves nothing may ignore it)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
     optim: OptimizerConfig = field(default_factory=OptimizerConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
@@ -49,12 +51,5 @@ class ExperimentConfig:
 
     @property
     def ranks_per_element(self) -> int:
-        """Ranks one element needs: tensor*pipeline*data, twice that for split placement (two equal rank
-        pools, HybridFlow's resource pools: actor+rollout on one, critic+reference on the other); async
-        placement: the training pool plus the rollout pool (rollout_tensor*rollout_pipeline*
-        algorithm.rollout_pool_data ranks)."""
-        pools = 2 if self.algorithm.placement == "split" else 1
-        if self.algorithm.placement == "async":  # + the rollout pool at the generation layout
-            p = self.parallel
-            return p.world_size + p.rollout_tensor * p.rollout_pipeline * self.algorithm.rollout_pool_data
-        return pools * self.parallel.world_size
+        """Ranks one element needs: what its placement's pools take (hpcrl.distributed.placement)."""
+        return placement_of(self.placement).ranks(self.parallel, self.placement)

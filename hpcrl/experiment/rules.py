@@ -9,10 +9,11 @@ from __future__ import annotations
 import functools
 import re
 
-from hpcrl.algorithm.registry import algorithm_problems
+from hpcrl.algorithm.registry import ALGORITHMS, algorithm_problems
 from hpcrl.ckpt.config import checkpoint_problems
 from hpcrl.cluster.rules import check_cluster
 from hpcrl.distributed.layout import ModelDims, ParallelLayout, model_problems
+from hpcrl.distributed.placement import placement_of
 from hpcrl.errors import ConfigError, Problem, short
 from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.rollout.engine_rule import EngineFacts, resolve_engine
@@ -48,21 +49,17 @@ def check_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
         out.append(("cluster.max_requeues", f"must be >= 0, got {cl.max_requeues}"))
     if out:
         return out  # the layout rules below divide by these
+    out += placement_rules(cfg)
+    if out:
+        return out  # the rank count below reads the placement's keys
     ranks = cl.nodes * cl.tasks_per_node
     if ranks != cfg.ranks_per_element:
-        pools = " x 2 pools (algorithm.placement: split)" if cfg.algorithm.placement == "split" else ""
-        sizes = f"{par.tensor}*{par.pipeline}*{par.data}{' x 2' if pools else ''}"
-        if cfg.algorithm.placement == "async":
-            pools = (
-                " + parallel.rollout_tensor*rollout_pipeline*algorithm.rollout_pool_data (async placement)"
-            )
-            sizes += f" + {par.rollout_tensor}*{par.rollout_pipeline}*{cfg.algorithm.rollout_pool_data}"
+        keys, sizes = placement_of(cfg.placement).ranks_formula(par, cfg.placement)
         out.append(
             (
                 "cluster.nodes",
                 f"layout mismatch: cluster.nodes*cluster.tasks_per_node = {cl.nodes}*{cl.tasks_per_node} = {ranks} "
-                f"ranks, but parallel.tensor*parallel.pipeline*parallel.data{pools} = "
-                f"{sizes} = {cfg.ranks_per_element}",
+                f"ranks, but {keys} = {sizes} = {cfg.ranks_per_element}",
             )
         )
     if par.tensor % par.rollout_tensor:
@@ -123,7 +120,7 @@ def _model_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
     if layout is not None and model is not None and not ranges:  # they divide by these dims
         problems += model_problems(layout, model)
     facts = EngineFacts.for_element(gpus_per_node(cfg))
-    split = cfg.algorithm.placement != "colocated"  # the rollout engine does not span the element
+    split = not placement_of(cfg.placement).rollout_spans_element
     problems += resolve_engine(
         cfg.rollout,
         par.rollout_tensor,
@@ -208,6 +205,37 @@ def _with_hf_architecture(fields: tuple[tuple[str, object], ...]) -> ModelConfig
     # cached by the model's field values: the elements of a sweep name the same few HF directories
     # (100,000 elements, one read each); a ModelConfig itself is not hashable
     return with_hf_architecture(ModelConfig(**dict(fields)), need=())
+
+
+def placement_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
+    """The placement's own keys (hpcrl.distributed.placement) and what it asks of the other sections:
+    offline DPO runs policy and reference on every rank; a second pool needs a role to host (a critic,
+    or a reference when kl_coef > 0); off-policy samples (async, m >= 1) need the truncated importance
+    weight, which corrects the PPO ratio for the stale behaviour policy."""
+    placement = placement_of(cfg.placement)
+    out = [(p.key or "placement", p.message) for p in placement.problems(cfg.parallel, cfg.placement)]
+    algo = cfg.algorithm
+    spec = ALGORITHMS.get(algo.name)
+    if spec is not None and not spec.online and not placement.single_pool:
+        out.append(("placement.kind", f"{algo.name} runs policy and reference colocated"))
+    elif placement.models_pool and spec is not None and not (spec.needs_critic or algo.kl_coef > 0):
+        out.append(
+            (
+                "placement.kind",
+                f"split placement puts the critic and the reference on their own pool, but {algo.name} with "
+                "kl_coef=0 has neither (use colocated)",
+            )
+        )
+    m = cfg.placement.max_off_policy_steps
+    if placement.off_policy and m >= 1 and algo.tis_cap is None:
+        out.append(
+            (
+                "algorithm.tis_cap",
+                f"max_off_policy_steps={m} trains on samples of older weights: the truncated importance weight "
+                "min(pi_old / pi_rollout, tis_cap) corrects for them, set tis_cap (e.g. 2.0)",
+            )
+        )
+    return out
 
 
 def _sampling_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from hpcrl.algorithm.registry import ALGORITHMS
+from hpcrl.distributed.placement import placement_of
 from hpcrl.experiment.rules import gpus_per_node
 from hpcrl.plan import formulas as fm
 from hpcrl.plan.capacity import Capacity, device_capacity
@@ -169,7 +170,7 @@ def predict(cfg: ExperimentConfig, *, host_bytes: float | None = None) -> Memory
     plan = MemoryPlan(layout=layout, device=device, host=host)
     add = plan.components.append
     actor = fm.rank_params(dims, par.tensor, par.pipeline)
-    split = cfg.algorithm.placement == "split"
+    split = placement_of(cfg.placement).models_pool
     actor_pool, models_pool = ("actor", "models") if split else ("all", "all")
     for c in _trainable("actor", actor.total, cfg):
         add(replace(c, pool=actor_pool))

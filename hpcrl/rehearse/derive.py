@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hpcrl.distributed.layout import ParallelLayout, model_problems
+from hpcrl.distributed.placement import placement_of
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.rollout.engine_rule import ENGINES, EngineFacts, resolve_engine
@@ -71,8 +72,8 @@ _SIZES = ("tensor", "pipeline", "data", "rollout_tensor", "rollout_pipeline")
 
 def _ranks(cfg: ExperimentConfig, sizes: dict[str, int], pool_data: int) -> int:
     parallel = dataclasses.replace(cfg.parallel, **sizes)
-    algorithm = dataclasses.replace(cfg.algorithm, rollout_pool_data=pool_data)
-    return dataclasses.replace(cfg, parallel=parallel, algorithm=algorithm).ranks_per_element
+    placement = dataclasses.replace(cfg.placement, rollout_pool_data=pool_data)
+    return dataclasses.replace(cfg, parallel=parallel, placement=placement).ranks_per_element
 
 
 def _candidates(cfg: ExperimentConfig):
@@ -84,7 +85,7 @@ def _candidates(cfg: ExperimentConfig):
         _divisors(p.pipeline),
         _divisors(p.rollout_pipeline),
         _divisors(p.data),
-        _divisors(cfg.algorithm.rollout_pool_data),
+        _divisors(cfg.placement.rollout_pool_data),
     ):
         if t % t_g == 0 and pp % p_g == 0:
             yield (
@@ -96,7 +97,7 @@ def _candidates(cfg: ExperimentConfig):
 def _likeness(cfg: ExperimentConfig, sizes: dict[str, int], pool: int) -> tuple:
     """How much of the recipe's layout a smaller one keeps, most important first: the TP and stage merge
     factors (they make the micro-DP groups, d_g = t/t_g · p/p_g), then which axes are > 1, then size."""
-    p, a = cfg.parallel, cfg.algorithm
+    p, a = cfg.parallel, cfg.placement
     recipe = {name: getattr(p, name) for name in _SIZES}
     merges = (sizes["tensor"] // sizes["rollout_tensor"], sizes["pipeline"] // sizes["rollout_pipeline"])
     axes = [sizes[n] > 1 for n in ("data", "rollout_tensor", "rollout_pipeline", "tensor", "pipeline")]
@@ -112,12 +113,12 @@ def _likeness(cfg: ExperimentConfig, sizes: dict[str, int], pool: int) -> tuple:
 def shrink_layout(
     cfg: ExperimentConfig, max_ranks: int, model: ModelConfig | None = None
 ) -> tuple[dict[str, int], int, list[str]]:
-    """(parallel sizes, algorithm.rollout_pool_data, notes): the recipe's layout, or when it has more than
+    """(parallel sizes, placement.rollout_pool_data, notes): the recipe's layout, or when it has more than
     `max_ranks` ranks (or `model`, a real model's dimensions, cannot be cut by it) the one of divisors of
     its sizes that keeps most of it (`_likeness`)."""
     p = cfg.parallel
     sizes = {name: getattr(p, name) for name in _SIZES}
-    pool = cfg.algorithm.rollout_pool_data
+    pool = cfg.placement.rollout_pool_data
     recipe = _ranks(cfg, sizes, pool)
 
     def fits(candidate: dict[str, int], pool_data: int) -> bool:
@@ -134,7 +135,7 @@ def shrink_layout(
     best, best_pool = max(fitting, key=lambda c: _likeness(cfg, *c))
     changed = [f"parallel.{n} {sizes[n]} -> {best[n]}" for n in _SIZES if best[n] != sizes[n]]
     if best_pool != pool:
-        changed.append(f"algorithm.rollout_pool_data {pool} -> {best_pool}")
+        changed.append(f"placement.rollout_pool_data {pool} -> {best_pool}")
     merges = f"t/t_g = {best['tensor'] // best['rollout_tensor']}, p/p_g = {best['pipeline'] // best['rollout_pipeline']}"
     why = (
         f"the recipe's {recipe} ranks > --max_ranks {max_ranks}" if recipe > max_ranks else "the model's dims"
@@ -270,7 +271,7 @@ def derive(
         )
     rollout = cfg.rollout
     model = ModelConfig(**tiny, hf_path=model_dir, dtype=cfg.model.dtype)
-    split = cfg.algorithm.placement != "colocated"
+    split = not placement_of(cfg.placement).rollout_spans_element
     engine, problems = resolve_engine(
         rollout, layout.rollout_tensor, layout.rollout_pipeline, model, EngineFacts(cuda=True, vllm=vllm_here),
         split_placement=split,
@@ -301,7 +302,7 @@ def derive(
         "parallel.backend": "gloo",
         "parallel.timeout_s": 120.0,
         "parallel.verify_weight_sync": True,
-        "algorithm.rollout_pool_data": pool_data,
+        "placement.rollout_pool_data": pool_data,
         **{f"model.{name}": value for name, value in tiny.items()},
         "model.hf_path": model_dir if uses_dir else None,
         "optim.backend": backend,

@@ -1,6 +1,7 @@
 """Compose one rank's RL job from an ExperimentConfig: data, tokenizer, trainers, reshard, rollout, reward.
 
-Composition only; each piece is built by its owner's factory. Placement (`algorithm.placement`):
+Composition only; each piece is built by its owner's factory. Placement (`placement.kind`, whose
+arithmetic and rules are hpcrl.distributed.placement's; each kind's job builder is in `_JOBS` here):
 - colocated: every role on every rank; the actor's weights reach the rollout engine through the reshard
   engine each step (HybridFlow's colocated resource pool).
 - split: two disjoint resource pools of the same training layout p-t-d (HybridFlow §4.1): ranks
@@ -24,6 +25,7 @@ from hpcrl.data.cursor import DataCursor, PromptSampler
 from hpcrl.data.sources import load_splits
 from hpcrl.data.tokenizer import encode_prompts, model_tokenizer
 from hpcrl.distributed.layout import ParallelLayout
+from hpcrl.distributed.placement import placement_of
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.metrics.logger import MetricsLogger
@@ -40,11 +42,6 @@ from hpcrl.train.model import build_generation_groups, build_train_groups, named
 from hpcrl.train.trainer import build_policy_trainer, build_value_trainer
 
 
-def has_second_pool_roles(cfg: ExperimentConfig) -> bool:
-    """Whether the job has a critic (ppo) or a reference (kl_coef > 0): the roles of the second pool."""
-    return ALGORITHMS[cfg.algorithm.name].needs_critic or cfg.algorithm.kl_coef > 0
-
-
 def training_world(cfg: ExperimentConfig, world: int) -> int:
     """Ranks of one training layout: the world (colocated) or one of the two equal pools (split)."""
     return world * cfg.parallel.world_size // cfg.ranks_per_element
@@ -52,7 +49,7 @@ def training_world(cfg: ExperimentConfig, world: int) -> int:
 
 def _resolve_rollout_engine(cfg: ExperimentConfig, facts: EngineFacts) -> tuple[str, list[Problem]]:
     p = cfg.parallel
-    split = cfg.algorithm.placement != "colocated"  # the rollout engine does not span the world
+    split = not placement_of(cfg.placement).rollout_spans_element
     return resolve_engine(
         cfg.rollout, p.rollout_tensor, p.rollout_pipeline, cfg.model, facts, split_placement=split
     )
@@ -72,30 +69,20 @@ def rollout_engine_for(cfg: ExperimentConfig) -> str:
 
 
 def placement_problems(cfg: ExperimentConfig, world: int) -> list[Problem]:
-    """Rules of `algorithm.placement` (each Problem names its key); empty when the placement fits."""
-    if cfg.algorithm.placement == "async":
-        return async_placement_problems(cfg, world)
-    if cfg.algorithm.placement != "split":
-        return []
+    """The job's world against what its placement's pools need (its own keys' rules are checked at
+    expand: hpcrl.experiment.rules), and the async placement's rules that need the model."""
+    placement = placement_of(cfg.placement)
+    need = placement.ranks(cfg.parallel, cfg.placement)
     problems = []
-    pool = cfg.parallel.world_size
-    if world != 2 * pool:
+    if world != need:
+        keys, sizes = placement.ranks_formula(cfg.parallel, cfg.placement)
         problems.append(
             Problem(
-                f"split placement runs two pools of the training layout (tensor*pipeline*data = {pool} "
-                f"ranks each): the job needs {2 * pool} ranks, it has {world}",
-                key="algorithm.placement",
+                f"{placement.name} placement runs {keys} = {sizes} = {need} ranks, the job has {world}",
+                key="placement.kind",
             )
         )
-    if not has_second_pool_roles(cfg):
-        problems.append(
-            Problem(
-                f"split placement puts the critic and the reference on their own pool, but "
-                f"{cfg.algorithm.name} with kl_coef=0 has neither (use colocated)",
-                key="algorithm.placement",
-            )
-        )
-    return problems
+    return problems + (async_placement_problems(cfg) if placement.off_policy else [])
 
 
 @dataclass(frozen=True)
@@ -107,7 +94,7 @@ class Pools:
 
     @classmethod
     def for_config(cls, cfg: ExperimentConfig, world: int) -> Pools:
-        if cfg.algorithm.placement == "split":
+        if placement_of(cfg.placement).models_pool:
             n = cfg.parallel.world_size
             return cls(Pool(0, n, world), Pool(n, n, world))
         return cls(Pool.everywhere(world), Pool.everywhere(world))
@@ -146,21 +133,51 @@ def build_job(cfg: ExperimentConfig, run_dir: Path, rank: int, world: int) -> Jo
     tokenizer = model_tokenizer(cfg.model.hf_path, cfg.model.vocab_size)
     train, heldout = load_splits(cfg.data)
     encode_prompts(tokenizer, [e.prompt for e in train + heldout], cfg.data.max_prompt_length)  # fail early
-    if cfg.algorithm.placement == "async":
+    inputs = JobInputs(cfg, run_dir, rank, world, tokenizer, train, heldout)
+    return _JOBS[cfg.placement.kind](inputs)
 
-        def core(workers: Workers) -> RLDriver:
-            return core_driver(cfg, workers, tokenizer, train, heldout)
 
-        driver = build_async_driver(cfg, rank, tokenizer, rollout_engine_for(cfg), core)
-        logger = MetricsLogger(cfg.logging, run_dir, cfg.algorithm.steps, is_main=rank == 0)
-        return Job(driver=driver, logger=logger, extra=driver, close=driver.close)
-    pools = Pools.for_config(cfg, world)
-    actor_groups, model_groups = _pool_groups(cfg, pools)
-    actor, rollout = _build_actor_and_rollout(cfg, tokenizer, pools.actor, actor_groups, rank, world)
-    reference, critic = _build_model_pool(cfg, pools.models, model_groups)
-    driver = core_driver(cfg, Workers(actor, rollout, reference, critic), tokenizer, train, heldout)
-    logger = MetricsLogger(cfg.logging, run_dir, cfg.algorithm.steps, is_main=rank == 0)
-    return Job(driver=driver, logger=logger)
+@dataclass(frozen=True)
+class JobInputs:
+    """What building one rank's job of any placement takes."""
+
+    cfg: ExperimentConfig
+    run_dir: Path
+    rank: int
+    world: int
+    tokenizer: object
+    train: list
+    heldout: list
+
+    def logger(self) -> MetricsLogger:
+        return MetricsLogger(self.cfg.logging, self.run_dir, self.cfg.algorithm.steps, is_main=self.rank == 0)
+
+    def driver(self, workers: Workers) -> RLDriver:
+        return core_driver(self.cfg, workers, self.tokenizer, self.train, self.heldout)
+
+
+def _pooled_job(i: JobInputs) -> Job:
+    """colocated (one pool: every rank) and split (actor + rollout, then critic + reference): the same
+    driver over worker groups on `Pools`."""
+    pools = Pools.for_config(i.cfg, i.world)
+    actor_groups, model_groups = _pool_groups(i.cfg, pools)
+    actor, rollout = _build_actor_and_rollout(i.cfg, i.tokenizer, pools.actor, actor_groups, i.rank, i.world)
+    reference, critic = _build_model_pool(i.cfg, pools.models, model_groups)
+    return Job(driver=i.driver(Workers(actor, rollout, reference, critic)), logger=i.logger())
+
+
+def _async_job(i: JobInputs) -> Job:
+    """The training pool's or the rollout pool's side of the async placement (hpcrl.rl.async_placement)."""
+    driver = build_async_driver(i.cfg, i.rank, i.tokenizer, rollout_engine_for(i.cfg), i.driver)
+    return Job(driver=driver, logger=i.logger(), extra=driver, close=driver.close)
+
+
+_JOBS: dict[str, Callable[[JobInputs], Job]] = {
+    "colocated": _pooled_job,
+    "split": _pooled_job,
+    "async": _async_job,
+}
+"""How each placement kind (hpcrl.distributed.placement.PLACEMENTS) builds a rank's job."""
 
 
 def core_driver(cfg: ExperimentConfig, workers: Workers, tokenizer, train: list, heldout: list) -> RLDriver:

@@ -1,7 +1,7 @@
 """The async placement's step: the rollout pool generates the next batches while the training pool updates.
 
 Asynchronous (off-policy) RL on two disjoint pools, as verl's one-step-off-policy recipe (verl PR #2231),
-AReaL (Fu et al. 2025) and PipelineRL do: with m = `algorithm.max_off_policy_steps`, the batch trained at
+AReaL (Fu et al. 2025) and PipelineRL do: with m = `placement.max_off_policy_steps`, the batch trained at
 step j is generated with weight version max(0, j - m) (version v = the weights after v updates), so every
 sample's version lag (trained at step k with the weights of version k) is at most m, asserted at every
 step and logged (async/version_lag_max). m = 0 is the colocated run's schedule exactly; m = 1 overlaps
@@ -86,7 +86,7 @@ class AsyncState:
                 Problem(
                     f"the checkpoint of step {step} was written with max_off_policy_steps={m} at weight "
                     f"version {saved.get('weight_version')}; this run has {self.max_off_policy_steps}",
-                    key="algorithm.max_off_policy_steps",
+                    key="placement.max_off_policy_steps",
                 )
             )
         self.next_batch = int(saved["next_batch"])

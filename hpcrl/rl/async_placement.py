@@ -1,8 +1,8 @@
-"""Compose one rank's job for `algorithm.placement: async`: a training pool and a rollout pool.
+"""Compose one rank's job for `placement.kind: async`: a training pool and a rollout pool.
 
 Ranks [0, n) are the training pool at the training layout p-t-d (n = p*t*d): the actor with its
 optimizer, and the reference and critic when the algorithm has them. Ranks [n, n + r) are the rollout
-pool at the generation layout p_g-t_g-d_r (r = p_g*t_g*d_r, d_r = algorithm.rollout_pool_data): the
+pool at the generation layout p_g-t_g-d_r (r = p_g*t_g*d_r, d_r = placement.rollout_pool_data): the
 rollout engine (hf, megatron at any p_g-t_g, vllm at t_g = 1), the reward and the data sampler. The two
 pools run different halves of the step (hpcrl.rl.async_driver); batches cross by a broadcast from the
 first rollout rank to the training ranks (hpcrl.rl.async_channel), weights by the cross-pool transfer
@@ -59,7 +59,7 @@ class AsyncPools:
         gen_layout = ParallelLayout(
             tensor=p.rollout_tensor,
             pipeline=p.rollout_pipeline,
-            data=cfg.algorithm.rollout_pool_data,
+            data=cfg.placement.rollout_pool_data,
             rollout_tensor=p.rollout_tensor,
             rollout_pipeline=p.rollout_pipeline,
         )
@@ -75,21 +75,11 @@ class AsyncPools:
         return list(range(self.rollout.start, self.rollout.start + self.rollout.size))
 
 
-def async_placement_problems(cfg: ExperimentConfig, world: int) -> list[Problem]:
-    """Rules of the async placement that need the world size or the model (each names its key); the
-    rules of its own keys are hpcrl.algorithm.registry' (they run at expand/submit too)."""
-    p, a = cfg.parallel, cfg.algorithm
-    rollout = p.rollout_tensor * p.rollout_pipeline * max(a.rollout_pool_data, 1)
+def async_placement_problems(cfg: ExperimentConfig) -> list[Problem]:
+    """Rules of the async placement that need the model (each names its key); its own keys' rules and
+    its rank count are hpcrl.distributed.placement's, checked at expand/submit too."""
+    p = cfg.parallel
     problems = []
-    if world != p.world_size + rollout:
-        problems.append(
-            Problem(
-                f"async placement runs a training pool (tensor*pipeline*data = {p.world_size} ranks) and a "
-                f"rollout pool (rollout_tensor*rollout_pipeline*rollout_pool_data = {rollout}): the job "
-                f"needs {p.world_size + rollout} ranks, it has {world}",
-                key="algorithm.placement",
-            )
-        )
     if cfg.model.tie_word_embeddings and p.rollout_pipeline > 1:
         problems.append(
             Problem(
@@ -221,7 +211,7 @@ def build_async_driver(
     pools = AsyncPools.for_config(cfg)
     model_cfg = cfg.model  # resolved from model.hf_path's config.json by hpcrl.rl.job.enter_rank
     groups = AsyncGroups.build(cfg, pools, engine_name, model_cfg, rank)
-    m = cfg.algorithm.max_off_policy_steps
+    m = cfg.placement.max_off_policy_steps
     channel = BatchChannel(groups.channel, pools.rollout.start) if groups.channel is not None else None
     if rank in pools.train:
         workers, sender = build_training_side(cfg, groups, tokenizer)

@@ -34,6 +34,7 @@ from hpcrl.data.tokenizer import encode_prompts, model_tokenizer
 from hpcrl.distributed.layout import ParallelLayout
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.config import ExperimentConfig
+from hpcrl.experiment.rules import placement_rules
 from hpcrl.lifecycle import Lifecycle
 from hpcrl.metrics.logger import MetricsLogger
 from hpcrl.rl.checkpointing import run_steps
@@ -167,8 +168,7 @@ def dpo_problems(cfg: ExperimentConfig, world_size: int) -> list[Problem]:
         problems.append(
             Problem(f"the DPO entrypoint runs algorithm 'dpo', not {algo.name!r}", key="algorithm.name")
         )
-    if algo.placement != "colocated":
-        problems.append(Problem("DPO runs policy and reference colocated", key="algorithm.placement"))
+    problems += [Problem(message, key=key) for key, message in placement_rules(cfg)]
     problems += algorithm_problems(algo, cfg.rollout.samples_per_prompt, cfg.rollout.max_new_tokens)
     if cfg.optim.micro_batch_size % 2:
         problems.append(

@@ -187,7 +187,7 @@ class _VLLM(EngineKind):
                 Problem(
                     "vllm with rollout_tensor > 1 builds its TP groups over the whole world: use "
                     "placement colocated, or engine megatron",
-                    key="algorithm.placement",
+                    key="placement.kind",
                 )
             )
         return problems

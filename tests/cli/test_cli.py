@@ -121,7 +121,7 @@ def test_local_ranks_follow_the_layout_unless_set(capsys, tmp_path):
 
     assert resolve(TINY, {"parallel.tensor": 2}).elements[0].config.cluster.tasks_per_node == 2
     assert (
-        resolve(TINY, {"parallel.data": 2, "algorithm.placement": "split"})
+        resolve(TINY, {"parallel.data": 2, "placement.kind": "split", "algorithm.kl_coef": 0.05})
         .elements[0]
         .config.cluster.tasks_per_node
         == 4

@@ -187,9 +187,7 @@ def test_dims_from_an_hf_directory(tmp_path):
 
 def test_split_placement_takes_the_worst_pool():
     colocated = predict(config(**{"algorithm.name": "ppo"}), host_bytes=24 * GIB)
-    split_cfg = config(
-        **{"algorithm.name": "ppo", "algorithm.placement": "split", "cluster.tasks_per_node": 2}
-    )
+    split_cfg = config(**{"algorithm.name": "ppo", "placement.kind": "split", "cluster.tasks_per_node": 2})
     split = predict(split_cfg, host_bytes=24 * GIB)
     pools = {c.pool for c in split.components if c.phase != "host"}
     assert pools == {"actor", "models"} and {c.pool for c in colocated.components} == {"all"}
@@ -222,9 +220,8 @@ def test_plan_invariants(tensor, pipeline, data, micro, algorithm, kl, split):
         base,
         parallel=replace(base.parallel, tensor=tensor, pipeline=pipeline, data=data, rollout_tensor=1),
         optim=replace(base.optim, micro_batch_size=micro),
-        algorithm=replace(
-            base.algorithm, name=algorithm, kl_coef=kl, placement="split" if split else "colocated"
-        ),
+        algorithm=replace(base.algorithm, name=algorithm, kl_coef=kl),
+        placement=replace(base.placement, kind="split" if split else "colocated"),
     )
     plan = predict(cfg, host_bytes=24 * GIB)
     assert all(c.bytes >= 0 for c in plan.components)

@@ -107,6 +107,6 @@ def test_too_many_ranks_for_any_layout_and_too_few_steps_are_config_errors(tmp_p
     cfg = resolve(GPU_TEMPLATES[0]).elements[0].config
     with pytest.raises(ConfigError, match="--steps"):
         derive(cfg, run_root=str(tmp_path), model_dir=str(tmp_path), vllm_here=False, steps=1)
-    split = dataclasses.replace(cfg, algorithm=dataclasses.replace(cfg.algorithm, placement="split"))
+    split = dataclasses.replace(cfg, placement=dataclasses.replace(cfg.placement, kind="split"))
     with pytest.raises(ConfigError, match="--max_ranks"):
         shrink_layout(split, 1)

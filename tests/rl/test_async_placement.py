@@ -42,7 +42,7 @@ pytestmark = pytest.mark.dist
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 4
-ASYNC = {"algorithm.placement": "async", "cluster.tasks_per_node": 2}
+ASYNC = {"placement.kind": "async", "cluster.tasks_per_node": 2}
 VOLATILE = ("time/", "share/", "tps/", "memory/")
 """Wall-clock figures: the only metrics two runs of one config may differ in."""
 PLACEMENT = ("reshard/", "async/", "weights/")
@@ -74,9 +74,9 @@ def world(tmp_path_factory) -> tuple[Path, list[dict]]:
     check (its results by rank); one rank runs the colocated job. Returns (run root, those results)."""
     root = tmp_path_factory.mktemp("async")
     named = [
-        ("m0", _config(**ASYNC, **{"algorithm.max_off_policy_steps": 0})),
-        ("m1", _config(**ASYNC, **{"algorithm.max_off_policy_steps": 1})),
-        ("m2", _config(5, **ASYNC, **{"algorithm.max_off_policy_steps": 2})),
+        ("m0", _config(**ASYNC, **{"placement.max_off_policy_steps": 0})),
+        ("m1", _config(**ASYNC, **{"placement.max_off_policy_steps": 1})),
+        ("m2", _config(5, **ASYNC, **{"placement.max_off_policy_steps": 2})),
     ]
     double_buffer = run_ranks(jobs_then_double_buffer, 2, named, str(root), timeout_s=300)
     run_ranks(run_named, 1, [("colocated", _config())], str(root), timeout_s=300)
@@ -126,7 +126,7 @@ def test_two_megatron_engine_replicas_on_the_rollout_pool(tmp_path):
     groups sit at rank offset 1, the second replica is not on the batch channel). Each replica receives
     the whole model; at step 0 (lag 0) the rollout's log-probs are the trainer's to rounding, so the
     weights went through the megatron loader intact."""
-    changes = {"rollout.engine": "megatron", "algorithm.rollout_pool_data": 2, "cluster.tasks_per_node": 3}
+    changes = {"rollout.engine": "megatron", "placement.rollout_pool_data": 2, "cluster.tasks_per_node": 3}
     cfg = _config(3, **{**ASYNC, **changes})
     run_ranks(run_named, 3, [("megatron", cfg)], str(tmp_path), timeout_s=300)
     rows = _rows(tmp_path / "megatron", drop=())
@@ -201,18 +201,18 @@ def test_async_rules_name_their_keys():
     good = _config(**ASYNC)
     assert check_rules(good) == [] and placement_problems(good, world=2) == []
     [world] = placement_problems(good, world=3)
-    assert world.key == "algorithm.placement" and "needs 2 ranks, it has 3" in world.message
+    assert world.key == "placement.kind" and "= 2 ranks, the job has 3" in world.message
     cases = {
-        "algorithm.max_off_policy_steps": {"max_off_policy_steps": -1},
-        "algorithm.rollout_pool_data": {"rollout_pool_data": 0},
-        "algorithm.tis_cap": {"tis_cap": None},
+        "placement.max_off_policy_steps": ("placement", {"max_off_policy_steps": -1}),
+        "placement.rollout_pool_data": ("placement", {"rollout_pool_data": 0}),
+        "algorithm.tis_cap": ("algorithm", {"tis_cap": None}),
     }
-    for key, changes in cases.items():
+    for key, (section, changes) in cases.items():
         cfg = _config(**ASYNC)
         for field, value in changes.items():
-            setattr(cfg.algorithm, field, value)
+            setattr(getattr(cfg, section), field, value)
         assert key in {k for k, _ in check_rules(cfg)}, key
-    synchronous = _config(**ASYNC, **{"algorithm.max_off_policy_steps": 0})
+    synchronous = _config(**ASYNC, **{"placement.max_off_policy_steps": 0})
     synchronous.algorithm.tis_cap = None  # on-policy: nothing to correct
     assert check_rules(synchronous) == []
     with pytest.raises(ConfigError) as one_rank:  # the rank count includes the rollout pool
@@ -225,8 +225,8 @@ def test_async_rules_name_their_keys():
 def test_hpcrl_expand_refuses_a_bad_async_config_with_exit_2():
     proc = subprocess.run(
         [sys.executable, "-m", "hpcrl", "expand", "templates/grpo_tiny_async.yaml",
-         "--algorithm.max_off_policy_steps", "-1", "--algorithm.tis_cap", "null"],
+         "--placement.max_off_policy_steps", "-1", "--algorithm.tis_cap", "null"],
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr
-    assert "command line:algorithm.max_off_policy_steps:" in proc.stderr
+    assert "command line:placement.max_off_policy_steps:" in proc.stderr

@@ -65,15 +65,17 @@ def test_preference_jsonl_splits_and_names_a_missing_key(tmp_path):
 
 
 def test_dpo_config_rules_report_every_problem():
-    """The ranks check again what expand/submit checked (algorithm.dpo_beta is refused there already, so
-    it is set here behind the resolver's back, as a config from elsewhere could be)."""
-    cfg = tiny_config(
-        TEMPLATE,
-        **{"optim.micro_batch_size": 7, "algorithm.placement": "split", "cluster.tasks_per_node": 2},
+    """The ranks check again what expand/submit checked (algorithm.dpo_beta and a split placement are
+    refused there already, so they are set here behind the resolver's back, as a config from elsewhere
+    could be)."""
+    cfg = tiny_config(TEMPLATE, **{"optim.micro_batch_size": 7})
+    cfg = dataclasses.replace(
+        cfg,
+        algorithm=dataclasses.replace(cfg.algorithm, dpo_beta=0.0),
+        placement=dataclasses.replace(cfg.placement, kind="split"),
     )
-    cfg = dataclasses.replace(cfg, algorithm=dataclasses.replace(cfg.algorithm, dpo_beta=0.0))
     keys = {p.key for p in dpo_problems(cfg, world_size=2)}
-    assert keys == {"optim.micro_batch_size", "algorithm.placement", "algorithm.dpo_beta", "parallel"}
+    assert keys == {"optim.micro_batch_size", "placement.kind", "algorithm.dpo_beta", "parallel"}
     assert dpo_problems(tiny_config(TEMPLATE), world_size=1) == []
 
 

@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 
 from hpcrl.distributed.spawn import run_ranks
+from hpcrl.errors import ConfigError
 from hpcrl.rl.assemble import placement_problems
 from tests.rl._job_ranks import tiny_config
 
 pytestmark = pytest.mark.dist
 
-SPLIT = {"algorithm.placement": "split", "cluster.tasks_per_node": 2}
+SPLIT = {"placement.kind": "split", "cluster.tasks_per_node": 2}
 """Split placement asks for two pools of the training layout's ranks."""
 
 COMPARED = (
@@ -90,10 +91,9 @@ def test_split_placement_rules_name_the_key():
     ppo = _ppo(**SPLIT)
     assert placement_problems(ppo, world=2) == []
     [wrong_world] = placement_problems(ppo, world=3)
-    assert wrong_world.key == "algorithm.placement" and "needs 2 ranks, it has 3" in wrong_world.message
-    grpo = tiny_config(**SPLIT)
-    [nothing_to_split] = placement_problems(grpo, world=2)
-    assert "has neither" in nothing_to_split.message
+    assert wrong_world.key == "placement.kind" and "= 2 ranks, the job has 3" in wrong_world.message
+    with pytest.raises(ConfigError, match="placement.kind: split placement puts the critic"):
+        tiny_config(**SPLIT)  # GRPO without KL has no role for the second pool: refused at expand
     assert placement_problems(_ppo(), world=1) == []
 
 
@@ -121,7 +121,7 @@ def test_hpcrl_run_split_ppo_checkpoints_and_resumes(tmp_path):
     repo = Path(__file__).resolve().parents[2]
     args = [
         sys.executable, "-m", "hpcrl", "run", str(repo / "templates" / "ppo_tiny.yaml"),
-        "--run_root", str(tmp_path), "--algorithm.placement", "split", "--algorithm.kl_coef", "0.05",
+        "--run_root", str(tmp_path), "--placement.kind", "split", "--algorithm.kl_coef", "0.05",
         "--cluster.tasks_per_node", "2", "--algorithm.steps", "3", "--algorithm.eval_every", "0",
         "--checkpoint.every_steps", "2", "--checkpoint.save_on_exit", "false",
         "--logging.tensorboard", "false", "--logging.plot", "false",

@@ -74,7 +74,7 @@ def test_an_engine_that_cannot_run_the_config_names_every_key(engine, t_g, p_g, 
 
 def test_vllm_tp_over_split_pools_is_refused():
     _, problems = resolve_engine(RolloutConfig(engine="vllm"), 2, 1, HF_MODEL, GPU_VLLM, split_placement=True)
-    assert [p.key for p in problems] == ["algorithm.placement"]
+    assert [p.key for p in problems] == ["placement.kind"]
 
 
 def _template(tmp_path: Path, body: str) -> Path:
