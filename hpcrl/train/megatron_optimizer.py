@@ -109,7 +109,7 @@ class MegatronUpdate:
 
         megatron_compat.enable_optimizer()  # inert with CUDA
         dtypes = {p.dtype for p in model.parameters()}
-        if len(dtypes) > 1:  # see hpcrl.train.model.cast_to_model_dtype: megatron pairs states wrongly then
+        if len(dtypes) > 1:  # see hpcrl.train.dtypes.cast_to_model_dtype: megatron pairs states wrongly then
             raise ConfigError(
                 Problem(
                     f"megatron's distributed optimizer needs one parameter dtype, the model has "

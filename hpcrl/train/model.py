@@ -39,8 +39,8 @@ from hpcrl.distributed.layout import ParallelLayout
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.train import hf_convert, megatron_compat
 from hpcrl.train.config import ModelConfig
+from hpcrl.train.dtypes import DTYPES, cast_to_model_dtype
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # TE spec fuses the norms into the following linear layer; the local spec keeps them separate.
 _TE_NORM_ALIASES = {
     "self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
@@ -248,7 +248,7 @@ def transformer_config(cfg: ModelConfig, groups: TrainGroups, *, initialize: boo
     skips the random init (weights that are overwritten before use, e.g. a generation model's)."""
     from megatron.core.transformer import TransformerConfig
 
-    dtype = _DTYPES[cfg.dtype]
+    dtype = DTYPES[cfg.dtype]
     return TransformerConfig(
         num_layers=cfg.num_layers,
         hidden_size=cfg.hidden_size,
@@ -284,38 +284,18 @@ def transformer_config(cfg: ModelConfig, groups: TrainGroups, *, initialize: boo
     )
 
 
-def _uses_transformer_engine() -> bool:
-    """Whether models are built on Transformer Engine's layer spec (it imports, with CUDA)."""
-    if not torch.cuda.is_available():
-        return False
-    try:
-        import transformer_engine  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def _layer_spec():
     """TE spec when Transformer Engine imports with CUDA, else megatron's local (torch) spec."""
     from megatron.core.models.gpt import gpt_layer_specs as specs
 
-    if _uses_transformer_engine():
-        return specs.get_gpt_layer_with_transformer_engine_spec()
+    if torch.cuda.is_available():
+        try:
+            import transformer_engine  # noqa: F401
+
+            return specs.get_gpt_layer_with_transformer_engine_spec()
+        except ImportError:
+            pass
     return specs.get_gpt_layer_local_spec(normalization="RMSNorm")
-
-
-def cast_to_model_dtype(model: torch.nn.Module, dtype: torch.dtype) -> None:
-    """Every floating parameter in the model's dtype, as megatron's `Float16Module` casts a bf16/fp16
-    model (megatron-LM `get_model`). Why: megatron's local spec builds `torch.nn.RMSNorm` without a dtype
-    (fp32 norms beside bf16 matrices) where TE's norms take `params_dtype`, so the same recipe would be
-    one dtype on one machine and mixed on another; and megatron-core 0.16.1's distributed optimizer pairs
-    optimizer state with the wrong parameters when a param group mixes fp32 and 16-bit parameters
-    (`_build_optimizer_group_ranges` numbers a group's params in buffer order, `_build_model_and_main_
-    param_groups` then puts the fp32 ones first: distrib_optimizer.py:297 vs :441), which corrupts every
-    checkpoint of its state. The fp32 copies live in the optimizer (masters), as megatron intends."""
-    for param in model.parameters():
-        if param.is_floating_point() and param.dtype != dtype:
-            param.data = param.data.to(dtype)
 
 
 class ScalarHead(torch.nn.Linear):
@@ -362,8 +342,8 @@ def build_gpt_model(
         pg_collection=groups.pg_collection(),
     )
     if value_head and groups.is_last_stage:
-        model.output_layer = ScalarHead(cfg.hidden_size, 1, bias=False, dtype=_DTYPES[cfg.dtype])
-    cast_to_model_dtype(model, _DTYPES[cfg.dtype])
+        model.output_layer = ScalarHead(cfg.hidden_size, 1, bias=False, dtype=DTYPES[cfg.dtype])
+    cast_to_model_dtype(model, DTYPES[cfg.dtype])
     if torch.cuda.is_available():
         model = model.cuda()
     if value_head and groups.is_last_stage and groups.tensor > 1:  # replicated: one init for all TP ranks
@@ -487,7 +467,7 @@ def build_model_from_hf(hf_path: str, groups: TrainGroups, *, value_head: bool =
     if cfg.tie_word_embeddings:
         hf_sd.pop("lm_head.weight", None)
     full = hf_convert.hf_to_megatron_state_dict(hf_sd, cfg)
-    dtype = _DTYPES[cfg.dtype]
+    dtype = DTYPES[cfg.dtype]
     full = {k: v.to(dtype) for k, v in full.items()}
     model = build_gpt_model(cfg, groups, value_head=value_head)
     if value_head and groups.is_last_stage:

@@ -39,10 +39,10 @@ import torch.distributed as dist
 from hpcrl.train import hf_convert
 from hpcrl.train.batch import TrainBatch
 from hpcrl.train.config import ModelConfig, OptimizerConfig
+from hpcrl.train.dtypes import DTYPES
 from hpcrl.train.hf_config import with_hf_architecture
 from hpcrl.train.logprobs import HeadOutputs, PolicyHead, ValueHead
 from hpcrl.train.model import (
-    _DTYPES,
     TrainGroups,
     build_gpt_model,
     build_model_from_hf,
@@ -75,7 +75,7 @@ class Trainer:
         if optim_cfg is not None:
             lr = lr if lr is not None else optim_cfg.lr
             self.update_step = build_update(model, model_cfg, groups, optim_cfg, lr)
-        self._dtype = _DTYPES[model_cfg.dtype]
+        self._dtype = DTYPES[model_cfg.dtype]
         self._device = next(model.parameters()).device
         self._pre_step_hooks: list[Callable[[], None]] = []
 

@@ -40,7 +40,7 @@ def test_megatron_ddp_reduce_scatter_with_overlap_equals_hpcrl_dp_allreduce_on_o
 @pytest.mark.dist
 def test_a_16_bit_model_is_one_dtype_and_the_megatron_backend_refuses_a_mixed_one():
     """megatron-core 0.16.1 pairs optimizer state with the wrong parameters in a param group that mixes
-    fp32 and bf16 (hpcrl.train.model.cast_to_model_dtype says where): a bf16 model is bf16 throughout,
+    fp32 and bf16 (hpcrl.train.dtypes.cast_to_model_dtype says where): a bf16 model is bf16 throughout,
     and a mixed one is a config error, never a silently corrupted checkpoint."""
     (probe,) = run_ranks(fns.mixed_dtype_probe, 1)
     assert probe["dtypes"] == ["torch.bfloat16"]
