@@ -152,13 +152,18 @@ STEERING = [
 ]
 
 
-def test_env_names_that_steer_code_or_are_not_names_are_refused(home, capsys):
-    bad = [*STEERING, "path", "Omp_threads", "A-B", "1X", "A B", "BASH_FUNC_srun%%", ""]
+def submit_env_names(home, capsys, names):
+    """Dry-run submit of a template whose cluster.env sets each name: (template path, exit code, stderr)."""
     t = write(
-        home / "t.yaml",
-        template("{partition: debug, env: " + json.dumps(dict.fromkeys(bad, "x")) + "}"),
+        home / "t.yaml", template("{partition: debug, env: " + json.dumps(dict.fromkeys(names, "x")) + "}")
     )
     code, _, err = run_cli(capsys, "submit", t, "--dry-run", "--sweep_dir", home / "sw")
+    return t, code, err
+
+
+def test_env_names_that_steer_code_or_are_not_names_are_refused(home, capsys):
+    bad = [*STEERING, "path", "Omp_threads", "A-B", "1X", "A B", "BASH_FUNC_srun%%", ""]
+    t, code, err = submit_env_names(home, capsys, bad)
     assert code == 2 and not (home / "sw").exists()
     for name in bad:
         assert f"{t}:cluster.env.{name}: " in err, name
@@ -175,11 +180,7 @@ files; the allowlist refuses them unless the user accepts them in `cluster.env_a
 
 
 def test_env_names_are_an_allowlist_not_a_denylist(home, capsys):
-    t = write(
-        home / "t.yaml",
-        template("{partition: debug, env: " + json.dumps(dict.fromkeys(PASSED_THE_DENYLIST, "x")) + "}"),
-    )
-    code, _, err = run_cli(capsys, "submit", t, "--dry-run", "--sweep_dir", home / "sw")
+    t, code, err = submit_env_names(home, capsys, PASSED_THE_DENYLIST)
     assert code == 2 and not (home / "sw").exists()
     for name in PASSED_THE_DENYLIST:
         assert f"{t}:cluster.env.{name}: {name} is not a known-safe name" in err, name
