@@ -11,7 +11,7 @@ Async save contract (as Megatron's and torch DCP's async saves):
 - `fence()` blocks until the in-flight save's host copy is done (not the write). A caller that writes
   the saved tensors in place must call `fence()` first; writes after it never reach the checkpoint. The
   RL and DPO trainers call it right before each optimizer step (`Trainer.add_pre_step_hook`, registered
-  by hpcrl.rl.checkpointing); with no save in flight, or already fenced, it returns at once.
+  by hpcrl.stages.checkpointing); with no save in flight, or already fenced, it returns at once.
 - A write without a fence fails that save loudly, the error naming the tensor (the guard: hpcrl.ckpt.snapshot).
 - A failing background save (that, a full disk, ...) is logged when it happens, never committed
   (`latest` untouched), and raised by the next `save()`, `wait()` or `close()`. `wait()` fences too.

@@ -21,7 +21,7 @@ class CheckpointConfig:
     resume: Literal["auto", "never"] = "auto"
     """auto: resume from the newest committed checkpoint that verifies: `latest`, else (see `fallback`) an
     older one (also after a Slurm requeue), provided it was written by this run (the run id in
-    `<run_dir>/run.json`, see hpcrl.rl.run_identity; a checkpoint of another run is an error, exit 2,
+    `<run_dir>/run.json`, see hpcrl.stages.run_identity; a checkpoint of another run is an error, exit 2,
     and one written before run ids were recorded is accepted with a warning); never: start afresh."""
     resume_from: str | None = None
     """Start a NEW run from another run's weights (fine-tuning): a checkpoint directory (`step_N`) or a

@@ -38,6 +38,7 @@ from hpcrl.rl.handoff import SideInputs, build_rollout_side
 from hpcrl.rl.workers import ActorWorker, Pool, RolloutWorker, Shards, TrainerWorker
 from hpcrl.rollout.base import SamplingParams
 from hpcrl.rollout.engine_rule import ENGINES, EngineFacts, resolve_engine
+from hpcrl.stages.stateful import Stateful
 from hpcrl.train.model import build_generation_groups, build_train_groups, named_global_params
 from hpcrl.train.trainer import build_policy_trainer, build_value_trainer
 
@@ -119,8 +120,8 @@ class Job:
     driver: RLDriver
     """The step runner: RLDriver, or an async pool's driver (hpcrl.rl.async_driver) on that placement."""
     logger: MetricsLogger
-    extra: object | None = None
-    """Checkpointed state beyond trainers and data cursor (hpcrl.rl.checkpointing.CheckpointedState)."""
+    states: list[Stateful] = field(default_factory=list)
+    """Checkpointed state beyond the trainers and the data cursor (hpcrl.stages.stateful)."""
     close: Callable[[bool], None] = field(default=lambda wait: None)
     """Stops what the job runs in the background (the async rollout's receive thread); the argument says
     whether to wait for work in flight (a run that ended well) or not (a failed one)."""
@@ -169,7 +170,7 @@ def _pooled_job(i: JobInputs) -> Job:
 def _async_job(i: JobInputs) -> Job:
     """The training pool's or the rollout pool's side of the async placement (hpcrl.rl.async_placement)."""
     driver = build_async_driver(i.cfg, i.rank, i.tokenizer, rollout_engine_for(i.cfg), i.driver)
-    return Job(driver=driver, logger=i.logger(), extra=driver, close=driver.close)
+    return Job(driver=driver, logger=i.logger(), states=[driver], close=driver.close)
 
 
 _JOBS: dict[str, Callable[[JobInputs], Job]] = {

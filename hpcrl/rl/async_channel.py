@@ -15,6 +15,7 @@ hpcrl.ckpt.state's rule; floats round-trip bitwise).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -91,13 +92,14 @@ class BatchChannel:
 
 # ------------------------------------------------------------------------------------------------ codec
 _EXP_TENSORS = ("group_ids_B", "prompt_ids_BP", "prompt_mask_BP")
-_GEN_TENSORS = ("response_ids_BT", "response_mask_BT", "logprobs_BT")
+"""Experience's own tensors; the format's names, in the order every checkpoint so far was written in:
+these, GenerationOutput's fields, sampled_B, scores_B, then `tensors.<name>`."""
 
 
 def _batch_tensors(batch: RolloutBatch) -> dict[str, torch.Tensor]:
     exp = batch.exp
     out = {name: getattr(exp, name) for name in _EXP_TENSORS}
-    out |= {name: getattr(exp.gen, name) for name in _GEN_TENSORS}
+    out |= {f.name: getattr(exp.gen, f.name) for f in dataclasses.fields(exp.gen)}
     out["sampled_B"] = batch.sampled_B
     if exp.scores_B is not None:
         out["scores_B"] = exp.scores_B
@@ -178,16 +180,14 @@ def decode_message(blob: torch.Tensor) -> RolloutMessage:
 
 
 def _batch_from(entry: dict, tensors: dict[str, torch.Tensor]) -> RolloutBatch:
-    gen = GenerationOutput(*(tensors[name] for name in _GEN_TENSORS))
+    gen = GenerationOutput(**{f.name: tensors[f.name] for f in dataclasses.fields(GenerationOutput)})
     exp = Experience(
-        [Example(prompt, answer) for prompt, answer in entry["examples"]],
-        tensors["group_ids_B"],
-        tensors["prompt_ids_BP"],
-        tensors["prompt_mask_BP"],
-        gen,
-        list(entry["responses"]),
-        tensors.get("scores_B"),
-        {k.removeprefix("tensors."): v for k, v in tensors.items() if k.startswith("tensors.")},
+        examples=[Example(prompt, answer) for prompt, answer in entry["examples"]],
+        gen=gen,
+        responses=list(entry["responses"]),
+        scores_B=tensors.get("scores_B"),
+        tensors={k.removeprefix("tensors."): v for k, v in tensors.items() if k.startswith("tensors.")},
+        **{name: tensors[name] for name in _EXP_TENSORS},
     )
     sampled_B, metrics, seconds = tensors["sampled_B"], dict(entry["metrics"]), dict(entry["seconds"])
     return RolloutBatch(entry["index"], entry["version"], exp, sampled_B, metrics, seconds)

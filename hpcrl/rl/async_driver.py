@@ -23,7 +23,7 @@ truncated importance weight min(pi_old / pi_behav, C) (hpcrl.rl.losses.truncated
 2025, eq. 3), where pi_behav is the rollout engine's log-prob at the version the sample was generated
 with. One weight corrects both the staleness and the engine's numerics.
 
-Exactly-once state (hpcrl.rl.checkpointing, key "async"): the weight version, the next batch index and
+Exactly-once state (hpcrl.stages.checkpointing, key "async"): the weight version, the next batch index and
 the in-flight batches (held by the training pool, saved as one tensor: hpcrl.rl.async_channel); the data
 cursor saved is the rollout's, after the last batch it produced.
 """

@@ -209,7 +209,7 @@ def build_async_driver(
     dataflow (hpcrl.rl.assemble.core_driver) over this rank's workers. Collective: every rank calls it
     (the groups, then each pool's models)."""
     pools = AsyncPools.for_config(cfg)
-    model_cfg = cfg.model  # resolved from model.hf_path's config.json by hpcrl.rl.job.enter_rank
+    model_cfg = cfg.model  # resolved from model.hf_path's config.json by hpcrl.stages.rank.enter_rank
     groups = AsyncGroups.build(cfg, pools, engine_name, model_cfg, rank)
     m = cfg.placement.max_off_policy_steps
     channel = BatchChannel(groups.channel, pools.rollout.start) if groups.channel is not None else None

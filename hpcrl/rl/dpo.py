@@ -37,10 +37,11 @@ from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.experiment.rules import placement_rules
 from hpcrl.lifecycle import Lifecycle
 from hpcrl.metrics.logger import MetricsLogger
-from hpcrl.rl.checkpointing import run_steps
-from hpcrl.rl.job import enter_rank, step_sleep_s
 from hpcrl.rl.losses import dpo_loss
 from hpcrl.rl.workers import TrainerWorker
+from hpcrl.stages.loop import run_steps
+from hpcrl.stages.rank import enter_rank, step_sleep_s
+from hpcrl.stages.stateful import DataCursorState
 from hpcrl.train.batch import TrainBatch
 from hpcrl.train.model import build_train_groups
 from hpcrl.train.trainer import build_policy_trainer
@@ -222,7 +223,7 @@ def build_dpo_driver(cfg: ExperimentConfig) -> DPODriver:
 def main(cfg: ExperimentConfig, run_dir: Path, lifecycle: Lifecycle | None = None) -> dict:
     """Run offline DPO on this rank; returns the last step's metrics (with the final held-out ones).
 
-    Checkpoints like the RL job (hpcrl.rl.checkpointing): the policy ("actor." shards, AdamW state), the
+    Checkpoints like the RL job (hpcrl.stages.checkpointing): the policy ("actor." shards, AdamW state), the
     pair cursor and RNG states; resume=auto continues from `latest` with every step logged once."""
 
     cfg, rank, _ = enter_rank(cfg, run_dir, dpo_problems)
@@ -239,10 +240,11 @@ def main(cfg: ExperimentConfig, run_dir: Path, lifecycle: Lifecycle | None = Non
         return metrics | driver.step(index)
 
     final = driver.evaluate if every else None  # the final policy, logged as step `steps`
-    parts = ({"actor.": driver.policy.trainer}, driver)
+    parts = ({"actor.": driver.policy.trainer}, [DataCursorState(driver)])
     last, plot = run_steps(
-        cfg, run_dir, parts, logger, step, final, start, step_sleep_s(), lifecycle=lifecycle
-    )
+        cfg, run_dir, parts, logger, step, final, start,
+        steps=cfg.algorithm.steps, sleep_s=step_sleep_s(), lifecycle=lifecycle,
+    )  # fmt: skip
     if rank == 0 and plot is not None:
         print(f"hpcrl: reward curve {plot}", flush=True)
     return last

@@ -8,6 +8,7 @@ full sequence [B, S] with the alignment of hpcrl.train.logprobs (index s = token
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -15,9 +16,8 @@ import torch.nn.functional as F
 
 from hpcrl.data.tasks import Example
 from hpcrl.rollout.base import GenerationOutput, left_pad
+from hpcrl.rows import concat_rows, select_rows
 from hpcrl.train.batch import TrainBatch
-
-_GEN_FIELDS = ("response_ids_BT", "response_mask_BT", "logprobs_BT")
 
 
 @dataclass
@@ -44,7 +44,7 @@ class Experience:
         pad_id: int,
     ) -> Experience:
         ids_BP, mask_BP = left_pad(prompt_ids, pad_id)
-        return cls(examples, group_ids_B, ids_BP, mask_BP, gen)
+        return cls(examples, group_ids_B, prompt_ids_BP=ids_BP, prompt_mask_BP=mask_BP, gen=gen)
 
     def __len__(self) -> int:
         return len(self.examples)
@@ -65,20 +65,7 @@ class Experience:
 
     def select(self, keep_B: torch.Tensor) -> Experience:
         """Only the rows where keep_B is True (skipped rewards are dropped before any update)."""
-        idx = keep_B.nonzero().squeeze(1)
-        gen = GenerationOutput(
-            self.gen.response_ids_BT[idx], self.gen.response_mask_BT[idx], self.gen.logprobs_BT[idx]
-        )
-        return Experience(
-            [self.examples[i] for i in idx.tolist()],
-            self.group_ids_B[idx],
-            self.prompt_ids_BP[idx],
-            self.prompt_mask_BP[idx],
-            gen,
-            [self.responses[i] for i in idx.tolist()] if self.responses else [],
-            None if self.scores_B is None else self.scores_B[idx],
-            {k: v[idx] for k, v in self.tensors.items()},
-        )
+        return select_rows(self, keep_B.nonzero().squeeze(1))
 
     @classmethod
     def concat(cls, parts: list[Experience], pad_id: int) -> Experience:
@@ -87,19 +74,15 @@ class Experience:
         if len(parts) == 1:
             return parts[0]
         width = max(p.prompt_width for p in parts)
-        ids_BP = torch.cat([F.pad(p.prompt_ids_BP, (width - p.prompt_width, 0), value=pad_id) for p in parts])
-        mask_BP = torch.cat([F.pad(p.prompt_mask_BP, (width - p.prompt_width, 0)) for p in parts])
-        gens = [p.gen for p in parts]
-        gen = GenerationOutput(*(torch.cat([getattr(g, f) for g in gens]) for f in _GEN_FIELDS))
-        return cls(
-            [e for p in parts for e in p.examples],
-            torch.cat([p.group_ids_B for p in parts]),
-            ids_BP,
-            mask_BP,
-            gen,
-            [r for p in parts for r in p.responses],
-            None if parts[0].scores_B is None else torch.cat([p.scores_B for p in parts]),
-            {k: torch.cat([p.tensors[k] for p in parts]) for k in parts[0].tensors},
+        return concat_rows(
+            [
+                dataclasses.replace(
+                    p,
+                    prompt_ids_BP=F.pad(p.prompt_ids_BP, (width - p.prompt_width, 0), value=pad_id),
+                    prompt_mask_BP=F.pad(p.prompt_mask_BP, (width - p.prompt_width, 0)),
+                )
+                for p in parts
+            ]
         )
 
     def train_batch(self, extras: dict[str, torch.Tensor] | None = None) -> TrainBatch:

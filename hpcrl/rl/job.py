@@ -8,14 +8,10 @@ progress bar, reward.png).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import os
 import time
-from collections.abc import Callable
 from pathlib import Path
-
-import torch.distributed as dist
+from typing import TYPE_CHECKING
 
 from hpcrl.algorithm.registry import ALGORITHMS, algorithm_problems
 from hpcrl.ckpt.state import seed_rngs
@@ -24,15 +20,15 @@ from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.lifecycle import Lifecycle
 from hpcrl.rl.assemble import build_job, placement_problems, rollout_engine_problems, training_world
-from hpcrl.rl.checkpointing import rl_trainers, run_steps
 from hpcrl.rollout.engine_rule import EngineFacts
-from hpcrl.train.hf_config import with_hf_architecture
+from hpcrl.stages.loop import run_steps
+from hpcrl.stages.rank import enter_rank, step_sleep_s
+from hpcrl.stages.stateful import DataCursorState
+
+if TYPE_CHECKING:
+    from hpcrl.train.trainer import Trainer
 
 log = logging.getLogger(__name__)
-
-STEP_SLEEP_ENV = "HPCRL_STEP_SLEEP_S"
-"""Test knob (set it through `cluster.env`): sleep this long after every step, so that recovery tests
-get minutes of wall-clock work from the real job at almost no CPU cost. Changes no result."""
 
 
 def config_problems(cfg: ExperimentConfig, world_size: int) -> list[Problem]:
@@ -71,32 +67,14 @@ def config_problems(cfg: ExperimentConfig, world_size: int) -> list[Problem]:
     return problems
 
 
-def step_sleep_s() -> float:
-    """Seconds of the STEP_SLEEP_ENV test knob (0 when unset)."""
-    return float(os.environ.get(STEP_SLEEP_ENV, "0") or 0)
-
-
-def enter_rank(
-    cfg: ExperimentConfig, run_dir: Path, problems_of: Callable[[ExperimentConfig, int], list[Problem]]
-) -> tuple[ExperimentConfig, int, int]:
-    """(config, rank, world) of an entrypoint, after its config rules pass (else ConfigError with all
-    problems, before any work); rank 0 creates the run dir and prints where the metrics go.
-
-    The config comes back with its model resolved: the architecture read from `model.hf_path`'s
-    config.json where the template left it out (hpcrl.train.hf_config.with_hf_architecture, the same
-    function `expand` checks with), so every rule and every builder on the rank sees the model's real
-    dimensions, never None."""
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    cfg = dataclasses.replace(cfg, model=with_hf_architecture(cfg.model))
-    problems = problems_of(cfg, world)
-    if problems:
-        raise ConfigError(problems)
-    if rank == 0:
-        run_dir = Path(run_dir).resolve()
-        run_dir.mkdir(parents=True, exist_ok=True)
-        print(f"hpcrl: run dir {run_dir}  metrics -> {run_dir / 'metrics.jsonl'}", flush=True)
-    return cfg, rank, world
+def rl_trainers(driver) -> dict[str, Trainer]:
+    """The trainers an RL driver checkpoints on this rank, by prefix. Split placement: a rank holds only
+    its own pool's trainers (the others are stand-ins without one)."""
+    workers = driver.workers
+    out = {"actor.": workers.actor.trainer} if workers.actor.trainer is not None else {}
+    if workers.critic is not None and workers.critic.trainer is not None:
+        out["critic."] = workers.critic.trainer
+    return out
 
 
 def main(cfg: ExperimentConfig, run_dir: Path, lifecycle: Lifecycle | None = None) -> dict:
@@ -110,11 +88,11 @@ def main(cfg: ExperimentConfig, run_dir: Path, lifecycle: Lifecycle | None = Non
     start = time.perf_counter()
     job = build_job(cfg, run_dir, rank, world)
     final = job.driver.final_evaluation if cfg.algorithm.eval_every else None
-    parts = (rl_trainers(job.driver), job.driver)
+    parts = (rl_trainers(job.driver), [DataCursorState(job.driver), *job.states])
     try:
         last, plot = run_steps(
-            cfg, run_dir, parts, job.logger, job.driver.step, final, start, step_sleep_s(),
-            lifecycle=lifecycle, extra=job.extra,
+            cfg, run_dir, parts, job.logger, job.driver.step, final, start,
+            steps=cfg.algorithm.steps, sleep_s=step_sleep_s(), lifecycle=lifecycle,
         )  # fmt: skip
     except BaseException:
         job.close(False)  # a peer may be gone: do not wait for its transfer

@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from hpcrl.rl.experience import Experience
 from hpcrl.rollout.base import GenerationOutput, RolloutEngine, SamplingParams, row_seeds
+from hpcrl.rows import concat_rows, pad_columns
 from hpcrl.train.batch import TrainBatch
 from hpcrl.train.logprobs import HeadOutputs
 from hpcrl.train.pipeline import LossFn
@@ -149,7 +150,7 @@ class RolloutWorker:
         by_index = {}
         for index, out in gathered:
             by_index.setdefault(index, out)
-        return _cat_generation([by_index[i] for i in sorted(by_index) if by_index[i] is not None])
+        return concat_rows([by_index[i] for i in sorted(by_index) if by_index[i] is not None])
 
     def _generate_waves(self, prompt_ids, start: int, stop: int, sampling: SamplingParams, seed: int):
         """Rows [start, stop) in waves of at most max_num_seqs; each row keeps its own seed."""
@@ -158,30 +159,8 @@ class RolloutWorker:
         for a in range(start, stop, wave):
             b = min(stop, a + wave)
             out = self.engine.generate(prompt_ids[a:b], sampling, row_seeds(seed, a, b - a))
-            parts.append(_pad_generation(out, sampling.max_new_tokens, self.pad_id))
-        return _cat_generation(parts)
-
-
-def _cat_generation(parts: list[GenerationOutput]) -> GenerationOutput:
-    if len(parts) == 1:
-        return parts[0]
-    return GenerationOutput(
-        torch.cat([p.response_ids_BT for p in parts]),
-        torch.cat([p.response_mask_BT for p in parts]),
-        torch.cat([p.logprobs_BT for p in parts]),
-    )
-
-
-def _pad_generation(out: GenerationOutput, width: int, pad_id: int) -> GenerationOutput:
-    extra = width - out.response_ids_BT.shape[1]
-    if extra <= 0:
-        return out
-    pad = torch.nn.functional.pad
-    return GenerationOutput(
-        pad(out.response_ids_BT, (0, extra), value=pad_id),
-        pad(out.response_mask_BT, (0, extra)),
-        pad(out.logprobs_BT, (0, extra)),
-    )
+            parts.append(pad_columns(out, sampling.max_new_tokens, {"response_ids_BT": self.pad_id}))
+        return concat_rows(parts)
 
 
 class TrainerWorker:

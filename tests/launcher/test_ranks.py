@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from hpcrl.launcher.ranks import RANK_DIED_EXIT, RankEnd
-from hpcrl.rl.job import STEP_SLEEP_ENV
+from hpcrl.stages.rank import STEP_SLEEP_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 TWO_RANKS = ("--parallel.data", "2", "--cluster.tasks_per_node", "2", "--cluster.stop_grace_s", "8")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from hpcrl.launcher.runlock import LOCK_FILE, LockTarget, RunLocked, lock_targets, writer_lock
-from hpcrl.rl.job import STEP_SLEEP_ENV
+from hpcrl.stages.rank import STEP_SLEEP_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 

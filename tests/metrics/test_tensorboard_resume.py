@@ -18,7 +18,7 @@ import pytest
 from hpcrl.metrics.config import LoggingConfig
 from hpcrl.metrics.logger import MetricsLogger
 from hpcrl.metrics.sinks import METRICS_FILE, read_jsonl
-from hpcrl.rl.checkpointing import cut_metrics_back
+from hpcrl.stages.checkpointing import cut_metrics_back
 
 CONFIG = LoggingConfig(progress=False, plot=False)
 STEPS = 10

@@ -7,7 +7,7 @@ import signal
 
 from hpcrl.ckpt.trigger import SaveTrigger
 from hpcrl.lifecycle import REQUEUE_SIGNAL, TERMINATE_SIGNAL, Lifecycle
-from hpcrl.rl.checkpointing import cut_metrics_back
+from hpcrl.stages.checkpointing import cut_metrics_back
 
 
 def test_metrics_are_cut_back_in_place_under_an_open_append_handle(tmp_path):

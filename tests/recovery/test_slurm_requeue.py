@@ -27,7 +27,7 @@ import pytest
 
 from hpcrl.launcher.element import LAUNCHER_STATE, load_resolved
 from hpcrl.launcher.manifest import load_manifest
-from hpcrl.rl.job import STEP_SLEEP_ENV
+from hpcrl.stages.rank import STEP_SLEEP_ENV
 from tests.recovery._runs import (
     REPO,
     TEMPLATES,

@@ -2,7 +2,7 @@
 
 Before, the ranks checked the layout against the template's model section as written, dims None:
 `hpcrl/distributed/layout.py: heads % t == 0 -> TypeError: unsupported operand type(s) for %:
-'NoneType' and 'int'`, on every rank, after start-up. Now `hpcrl.rl.job.enter_rank` resolves the model
+'NoneType' and 'int'`, on every rank, after start-up. Now `hpcrl.stages.rank.enter_rank` resolves the model
 from config.json with the function `expand` checks with, before any rule runs.
 """
 

@@ -245,7 +245,8 @@ def fp16_loss_scale_survives_a_checkpoint(rank: int, world_size: int, run_dir: s
 
     from hpcrl.data.cursor import DataCursor, PromptSampler
     from hpcrl.experiment.config import ExperimentConfig
-    from hpcrl.rl.checkpointing import RLCheckpointing
+    from hpcrl.stages.checkpointing import StageCheckpointing
+    from hpcrl.stages.stateful import DataCursorState
 
     groups = build_train_groups(1, 1, 1)
     cfg = tiny_config(dtype="float16")
@@ -264,12 +265,12 @@ def fp16_loss_scale_survives_a_checkpoint(rank: int, world_size: int, run_dir: s
     data = SimpleNamespace(sampler=PromptSampler(list(range(8)), DataCursor(seed=0)))
     saved = trainer()
     skipped = saved.update(tiny_batch(cfg), huge_loss)["update_skipped_nonfinite"]
-    ckpt = RLCheckpointing(exp, run_dir, {"actor.": saved}, data)
+    ckpt = StageCheckpointing(exp, run_dir, {"actor.": saved}, [DataCursorState(data)])
     ckpt.save(1)
     ckpt.close(1)
     resumed = trainer()
     fresh_scale = resumed.update_step.loss_scale()
-    RLCheckpointing(exp, run_dir, {"actor.": resumed}, data).resume()
+    StageCheckpointing(exp, run_dir, {"actor.": resumed}, [DataCursorState(data)]).resume()
     return {
         "skipped": skipped,
         "saved": saved.scaler_state(),

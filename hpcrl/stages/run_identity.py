@@ -3,7 +3,7 @@
 A run id is `<fingerprint>-<created>-<nonce>`: the config fingerprint (below), the UTC time the run
 directory was first started and 4 random hex digits (two runs started in the same second stay apart).
 It is written once, at the first start, into `<run_dir>/run.json` and stamped into every checkpoint
-(`RunState.run_id`); a resume refuses a checkpoint whose run id is another run's (hpcrl.rl.checkpointing).
+(`RunState.run_id`); a resume refuses a checkpoint whose run id is another run's (hpcrl.stages.checkpointing).
 
 The fingerprint: the first 12 hex digits of sha256 over the canonical JSON of the resolved config's
 leaves, minus the keys that say how long, where or how a run is carried out rather than what it trains

@@ -1,12 +1,12 @@
-"""Checkpoint and resume of a training job through hpcrl.ckpt (sharded HDF5, any layout on load): the RL
-job (hpcrl.rl.job) and offline DPO (hpcrl.rl.dpo) share it.
+"""Checkpoint and resume of a stage through hpcrl.ckpt (sharded HDF5, any layout on load): every stage
+(the RL job hpcrl.rl.job, offline DPO hpcrl.rl.dpo) shares it.
 
-Saved: the trainers' parameters and AdamW state as shards, one prefix per trainer ("actor." / "critic."),
-the data cursor of the job's `PromptSampler`, the step, RNG states, an fp16 trainer's loss-scale state
-(`RunState.algorithm_state["loss_scale"]`). Not saved: the reference model (it is
-rebuilt from the same init or HF directory) and the rollout engine (it receives the actor's weights at the
-start of every step). A driver with more state hands it over as a `CheckpointedState` (the async
-placement: its weight version and the batches generated but not yet trained, hpcrl.rl.async_driver).
+Saved: the step, RNG states and a list of `Stateful`s (hpcrl.stages.stateful), each component's own: the
+trainers' parameters and AdamW state as shards, one prefix per trainer ("actor." / "critic."), with an
+fp16 trainer's loss-scale state (TrainerStates); the data cursor (DataCursorState); whatever else a stage
+registers (the async placement: its weight version and the batches generated but not yet trained,
+hpcrl.rl.async_driver). Not saved: the reference model (it is rebuilt from the same init or HF directory)
+and the rollout engine (it receives the actor's weights at the start of every step).
 Saves are async when `checkpoint.async_save`: every saved trainer fences the
 in-flight save before its optimizer step (`Trainer.add_pre_step_hook(checkpointer.fence)`), the first
 in-place write of its parameters and optimizer state in a step (nothing else writes them in place: the
@@ -20,7 +20,7 @@ restarts resumes at that step. `RunState.step` counts completed steps, so a resu
 at that step, and metrics.jsonl is cut back to the steps before it (those after it are redone: each step
 is logged once).
 
-Run identity (hpcrl.rl.run_identity): group rank 0 reads or creates `<run_dir>/run.json`, every
+Run identity (hpcrl.stages.run_identity): group rank 0 reads or creates `<run_dir>/run.json`, every
 checkpoint carries its run id, and a resume refuses a checkpoint of another run (ConfigError naming
 checkpoint.dir and both run ids). `checkpoint.resume_from` starts a new run from another run's weights.
 """
@@ -31,9 +31,8 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
@@ -41,26 +40,21 @@ from hpcrl.ckpt.checkpointer import Checkpointer
 from hpcrl.ckpt.collectives import all_gather_json, group_rank
 from hpcrl.ckpt.load import ForeignCheckpoint, Loaded, NoCheckpoint, load_checkpoint
 from hpcrl.ckpt.manifest import CheckpointError, Manifest
-from hpcrl.ckpt.megatron import load_into_trainer, model_extra, trainer_shards, trainer_specs
-from hpcrl.ckpt.shards import ShardedTensor, ShardSpec
+from hpcrl.ckpt.megatron import load_into_trainer, model_extra, trainer_specs
+from hpcrl.ckpt.shards import ShardSpec
 from hpcrl.ckpt.state import RunState, restore_rng
 from hpcrl.ckpt.trigger import SaveTrigger, restart_count
-from hpcrl.data.cursor import DataCursor, PromptSampler
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.lifecycle import Lifecycle
 from hpcrl.metrics.sinks import METRICS_FILE
-from hpcrl.rl.run_identity import RunIdentity, fingerprint_of, load_or_create
+from hpcrl.stages.run_identity import RunIdentity, fingerprint_of, load_or_create
+from hpcrl.stages.stateful import DATA_CURSOR, Stateful, TrainerStates
 
 if TYPE_CHECKING:
-    import torch
-
-    from hpcrl.metrics.logger import MetricsLogger
     from hpcrl.train.trainer import Trainer
 
 log = logging.getLogger(__name__)
-LOSS_SCALE = "loss_scale"
-"""RunState.algorithm_state key: {trainer prefix: its fp16 loss-scale state} (absent without fp16)."""
 
 
 def cut_metrics_back(path: Path, resume_step: int) -> int:
@@ -104,56 +98,23 @@ def establish_identity(cfg: ExperimentConfig, run_dir: Path, group: dist.Process
     return RunIdentity(**agreed["identity"])
 
 
-class SamplerOwner(Protocol):
-    """The object whose `sampler` walks the training data (the RL or DPO driver); resume replaces it."""
-
-    sampler: PromptSampler
-
-
-class CheckpointedState(Protocol):
-    """A driver's state beyond the trainers and the data cursor, saved with every checkpoint and restored
-    on resume (the async placement's weight version and in-flight batches, hpcrl.rl.async_driver).
-    Its JSON goes to `RunState.algorithm_state[key]` (rank 0's is committed), its tensors are shards."""
-
-    key: str
-
-    def checkpoint_state(self) -> dict[str, Any]: ...
-
-    def checkpoint_shards(self) -> list[ShardedTensor]: ...
-
-    def checkpoint_specs(self, manifest: Manifest) -> list[ShardSpec]: ...
-
-    def restore(self, step: int, saved: dict[str, Any] | None, tensors: dict[str, torch.Tensor]) -> None:
-        """Continue after `step` completed steps from `saved` (None: the checkpoint has no such state)
-        and the loaded `tensors` (those its `checkpoint_specs` asked for)."""
-
-
-def rl_trainers(driver) -> dict[str, Trainer]:
-    """The trainers an RL driver checkpoints on this rank, by prefix. Split placement: a rank holds only
-    its own pool's trainers (the others are stand-ins without one)."""
-    workers = driver.workers
-    out = {"actor.": workers.actor.trainer} if workers.actor.trainer is not None else {}
-    if workers.critic is not None and workers.critic.trainer is not None:
-        out["critic."] = workers.critic.trainer
-    return out
-
-
-class RLCheckpointing:
-    """Save / resume of a job's `trainers` (prefix -> Trainer on this rank) and of `data`'s cursor."""
+class StageCheckpointing:
+    """Save / resume of a stage's `trainers` (prefix -> Trainer on this rank) and its other `states`."""
 
     def __init__(
         self,
         cfg: ExperimentConfig,
         run_dir: Path,
         trainers: dict[str, Trainer],
-        data: SamplerOwner,
+        states: list[Stateful],
         lifecycle: Lifecycle | None = None,
-        extra: CheckpointedState | None = None,
     ):
-        self.cfg, self.data, self.run_dir = cfg, data, Path(run_dir)
-        self.extra = extra
+        """`trainers` are checkpointed first (TrainerStates) and are what `checkpoint.resume_from` loads;
+        `states` are restored in their order, after the RNG states."""
+        self.cfg, self.run_dir = cfg, Path(run_dir)
         self.lifecycle = lifecycle or Lifecycle()  # a direct call (tests): inert, no signal handlers
         self.trainers = dict(trainers)
+        self.states: list[Stateful] = [TrainerStates(self.trainers), *states]
         self.group = dist.group.WORLD if dist.is_initialized() and dist.get_world_size() > 1 else None
         self.identity = establish_identity(cfg, self.run_dir, self.group)
         self.checkpointer = Checkpointer.from_config(cfg.checkpoint, run_dir, self.group)
@@ -182,19 +143,11 @@ class RLCheckpointing:
             if group_rank(self.group) == 0:
                 cut_metrics_back(self.run_dir / METRICS_FILE, 0)
             return 0
-        for prefix, trainer in self.trainers.items():
-            load_into_trainer(trainer, loaded.tensors, prefix)
-        loss_scales = loaded.state.algorithm_state.get(LOSS_SCALE, {})
-        for prefix, trainer in self.trainers.items():
-            trainer.load_scaler_state(loss_scales.get(prefix, {}))
         if loaded.rng is not None:
             restore_rng(loaded.rng)
-        if self.extra is not None:
-            saved = loaded.state.algorithm_state.get(self.extra.key)
-            self.extra.restore(loaded.state.step, saved, loaded.tensors)
-        self.data.sampler = PromptSampler(
-            self.data.sampler.rows, DataCursor.from_dict(loaded.state.data_cursor)
-        )
+        saved = {**loaded.state.algorithm_state, DATA_CURSOR: loaded.state.data_cursor}
+        for state in self.states:
+            state.restore(loaded.state.step, saved.get(state.key), loaded.tensors)
         if group_rank(self.group) == 0:
             cut_metrics_back(self.run_dir / METRICS_FILE, loaded.state.step)
         log.warning("resumed from %s at step %d", loaded.path, loaded.state.step)
@@ -258,28 +211,20 @@ class RLCheckpointing:
         )
 
     def _specs(self, manifest: Manifest) -> list[ShardSpec]:
-        """What this rank loads from a candidate (its trainers' shards, in the candidate's optimizer
-        dtypes). Its data cursor is parsed here too: one this job cannot use rejects the candidate on
-        every rank (the loader's agreed fallback), instead of failing this rank after the load."""
-        DataCursor.from_dict(manifest.state.get("data_cursor", {}))
-        specs = [s for prefix, t in self.trainers.items() for s in trainer_specs(t, manifest, prefix)]
-        return specs + (self.extra.checkpoint_specs(manifest) if self.extra is not None else [])
+        """What this rank loads from a candidate: each state's tensors (any of them may reject it)."""
+        return [spec for state in self.states for spec in state.checkpoint_specs(manifest)]
 
     def save(self, completed_steps: int) -> None:
         start = time.perf_counter()
-        shards, extra = [], {"models": {}}
+        extra = {"models": {}}
         for prefix, trainer in self.trainers.items():
-            shards += trainer_shards(trainer, prefix)
             extra["models"].update(model_extra(trainer, prefix)["models"])
-        loss_scales = {prefix: s for prefix, t in self.trainers.items() if (s := t.scaler_state())}
-        algorithm_state: dict[str, Any] = {LOSS_SCALE: loss_scales} if loss_scales else {}
-        if self.extra is not None:
-            shards += self.extra.checkpoint_shards()
-            algorithm_state[self.extra.key] = self.extra.checkpoint_state()
+        shards = [shard for state in self.states for shard in state.checkpoint_shards()]
+        saved = {state.key: s for state in self.states if (s := state.checkpoint_state()) is not None}
         state = RunState(
             step=completed_steps,
-            data_cursor=self.data.sampler.cursor.to_dict(),
-            algorithm_state=algorithm_state,
+            data_cursor=saved.pop(DATA_CURSOR, {}),  # its own field in the format (hpcrl.stages.stateful)
+            algorithm_state=saved,
             run_id=self.identity.run_id,
             restart_count=restart_count(),
         )
@@ -335,52 +280,3 @@ class RLCheckpointing:
 def _is_weight(name: str, prefix: str) -> bool:
     """A parameter tensor (or its fp32 master), not optimizer state (hpcrl.ckpt.megatron's naming)."""
     return not name.startswith(f"{prefix}optim.") or name.startswith(f"{prefix}optim.master.")
-
-
-def run_steps(
-    cfg: ExperimentConfig,
-    run_dir: Path,
-    ckpt_parts: tuple[dict[str, Trainer], SamplerOwner],
-    logger: MetricsLogger,
-    step: Callable[[int], dict],
-    final: Callable[[int], dict] | None,
-    start: float,
-    sleep_s: float = 0.0,
-    lifecycle: Lifecycle | None = None,
-    extra: CheckpointedState | None = None,
-) -> tuple[dict, Path | None]:
-    """The step loop of a checkpointed job (the RL job and DPO share it): resume, `step(i)` for the
-    remaining steps (each logged once, with time/elapsed_s since `start`; then a `sleep_s` pause, the
-    recovery tests' knob hpcrl.rl.job.STEP_SLEEP_ENV), saves and a stop for requeue when the trigger says
-    so, then `final(steps)` (e.g. the final evaluation) unless stopped; the logger and checkpointer are
-    closed (save_on_exit) whatever happens. `ckpt_parts` = (trainers by prefix, the owner of the data
-    cursor); `lifecycle`: the run's signals (None: an inert one); `extra`: more checkpointed state
-    (CheckpointedState). Returns (the last metrics, merged with the final ones; the reward plot or None)."""
-    ckpt: RLCheckpointing | None = None
-    completed, last, stopped, in_step = 0, {}, False, False
-    try:  # a refused resume (another run's checkpoint) closes the logger too
-        ckpt = RLCheckpointing(cfg, run_dir, *ckpt_parts, lifecycle=lifecycle, extra=extra)
-        completed = ckpt.resume()
-        for index in range(completed, cfg.algorithm.steps):
-            in_step = True  # until step() returns, the trainers' state may be half updated
-            metrics = step(index)
-            in_step = False
-            if sleep_s:
-                time.sleep(sleep_s)
-            metrics["time/elapsed_s"] = time.perf_counter() - start
-            logger.log(metrics)
-            last = metrics
-            completed = index + 1
-            if ckpt.after_step(index):
-                stopped = True
-                break
-        if final is not None and not stopped:
-            metrics = final(cfg.algorithm.steps)
-            metrics["time/elapsed_s"] = time.perf_counter() - start
-            logger.log(metrics)
-            last = {**last, **metrics}
-    finally:
-        plot = logger.close()
-        if ckpt is not None:
-            ckpt.close(completed, between_steps=not in_step)
-    return last, plot

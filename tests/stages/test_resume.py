@@ -1,4 +1,4 @@
-"""The RL job's resume (hpcrl.rl.checkpointing.RLCheckpointing) goes through the verified loader: a torn
+"""The RL job's resume (hpcrl.stages.checkpointing.StageCheckpointing) goes through the verified loader: a torn
 manifest, or a `latest` that is missing, empty or garbled, resumes from the newest committed checkpoint
 that verifies instead of crashing the job or starting it over."""
 
@@ -12,12 +12,13 @@ import pytest
 from hpcrl.ckpt.commit import REJECTED, committed
 from hpcrl.data.cursor import DataCursor, PromptSampler
 from hpcrl.experiment.config import ExperimentConfig
-from hpcrl.rl.checkpointing import RLCheckpointing
+from hpcrl.stages.checkpointing import StageCheckpointing
+from hpcrl.stages.stateful import DataCursorState
 
 
 @pytest.fixture(autouse=True)
 def _keep_sigusr1():
-    """RLCheckpointing installs a SIGUSR1 handler in the main thread; give pytest its own back."""
+    """StageCheckpointing installs a SIGUSR1 handler in the main thread; give pytest its own back."""
     before = signal.getsignal(signal.SIGUSR1)
     yield
     signal.signal(signal.SIGUSR1, before)
@@ -31,7 +32,7 @@ def _job(run_dir, until: int) -> int:
     cfg.checkpoint.async_save = False
     cfg.checkpoint.keep_last = 3
     data = SimpleNamespace(sampler=PromptSampler(list(range(10)), DataCursor(seed=5)))
-    ckpt = RLCheckpointing(cfg, run_dir, {}, data)
+    ckpt = StageCheckpointing(cfg, run_dir, {}, [DataCursorState(data)])
     start = ckpt.resume()
     assert data.sampler.cursor.to_dict() == _cursor_after(start)
     for step in range(start, until):

@@ -1,4 +1,4 @@
-"""Run identity in the jobs' checkpointing (hpcrl.rl.checkpointing): every checkpoint carries the run's
+"""Run identity in the jobs' checkpointing (hpcrl.stages.checkpointing): every checkpoint carries the run's
 id, a resume refuses another run's checkpoint (two configs sharing one `checkpoint.dir` used to resume
 each other silently), and `checkpoint.resume_from` starts a new run from another run's weights."""
 
@@ -16,8 +16,9 @@ from hpcrl.data.cursor import DataCursor, PromptSampler
 from hpcrl.distributed.spawn import run_ranks
 from hpcrl.errors import ConfigError
 from hpcrl.experiment.config import ExperimentConfig
-from hpcrl.rl.checkpointing import RLCheckpointing
-from hpcrl.rl.run_identity import load_or_create
+from hpcrl.stages.checkpointing import StageCheckpointing
+from hpcrl.stages.run_identity import load_or_create
+from hpcrl.stages.stateful import DataCursorState
 from tests.rl._identity_ranks import run_another_config_then_fine_tune
 from tests.rl._job_ranks import tiny_config
 
@@ -33,7 +34,7 @@ def _run(cfg: ExperimentConfig, run_dir: Path, until: int) -> int:
     """Resume, 'train' to `until` saving every other step (no trainer: the step and the data cursor are
     the checkpointed state here); returns the step it started at."""
     data = SimpleNamespace(sampler=PromptSampler(list(range(10)), DataCursor(seed=5)))
-    ckpt = RLCheckpointing(cfg, run_dir, {}, data)
+    ckpt = StageCheckpointing(cfg, run_dir, {}, [DataCursorState(data)])
     start = ckpt.resume()
     for step in range(start, until):
         if (step + 1) % 2 == 0:

@@ -1,4 +1,4 @@
-"""Run identity (hpcrl.rl.run_identity): what the fingerprint ignores and keeps, and run.json."""
+"""Run identity (hpcrl.stages.run_identity): what the fingerprint ignores and keeps, and run.json."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from hpcrl.errors import ConfigError
 from hpcrl.experiment.config import ExperimentConfig
-from hpcrl.rl.run_identity import (
+from hpcrl.stages.run_identity import (
     RUN_FILE,
     fingerprint,
     fingerprint_of,

@@ -1,0 +1,67 @@
+"""The step loop every stage runs: resume, steps, saves and stops when the trigger says so, a final
+evaluation, and the logger and checkpointer closed whatever happens (hpcrl.stages.checkpointing)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from hpcrl.experiment.config import ExperimentConfig
+from hpcrl.lifecycle import Lifecycle
+from hpcrl.stages.checkpointing import StageCheckpointing
+from hpcrl.stages.stateful import Stateful
+
+if TYPE_CHECKING:
+    from hpcrl.metrics.logger import MetricsLogger
+    from hpcrl.train.trainer import Trainer
+
+
+def run_steps(
+    cfg: ExperimentConfig,
+    run_dir: Path,
+    ckpt_parts: tuple[dict[str, Trainer], list[Stateful]],
+    logger: MetricsLogger,
+    step: Callable[[int], dict],
+    final: Callable[[int], dict] | None,
+    start: float,
+    *,
+    steps: int,
+    sleep_s: float = 0.0,
+    lifecycle: Lifecycle | None = None,
+) -> tuple[dict, Path | None]:
+    """The step loop of a checkpointed stage (the RL job and DPO share it): resume, `step(i)` for the
+    remaining of `steps` steps (each logged once, with time/elapsed_s since `start`; then a `sleep_s` pause, the
+    recovery tests' knob hpcrl.stages.rank.STEP_SLEEP_ENV), saves and a stop for requeue when the trigger says
+    so, then `final(steps)` (e.g. the final evaluation) unless stopped; the logger and checkpointer are
+    closed (save_on_exit) whatever happens. `ckpt_parts` = (trainers by prefix, the stage's other
+    Statefuls: its data cursor, ...); `lifecycle`: the run's signals (None: an inert one). Returns (the last metrics, merged with the final ones; the reward plot or None)."""
+    ckpt: StageCheckpointing | None = None
+    completed, last, stopped, in_step = 0, {}, False, False
+    try:  # a refused resume (another run's checkpoint) closes the logger too
+        ckpt = StageCheckpointing(cfg, run_dir, *ckpt_parts, lifecycle=lifecycle)
+        completed = ckpt.resume()
+        for index in range(completed, steps):
+            in_step = True  # until step() returns, the trainers' state may be half updated
+            metrics = step(index)
+            in_step = False
+            if sleep_s:
+                time.sleep(sleep_s)
+            metrics["time/elapsed_s"] = time.perf_counter() - start
+            logger.log(metrics)
+            last = metrics
+            completed = index + 1
+            if ckpt.after_step(index):
+                stopped = True
+                break
+        if final is not None and not stopped:
+            metrics = final(steps)
+            metrics["time/elapsed_s"] = time.perf_counter() - start
+            logger.log(metrics)
+            last = {**last, **metrics}
+    finally:
+        plot = logger.close()
+        if ckpt is not None:
+            ckpt.close(completed, between_steps=not in_step)
+    return last, plot
