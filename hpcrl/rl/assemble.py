@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
@@ -33,14 +34,19 @@ from hpcrl.reshard.build import ENGINE_FAMILIES, build_reshard_engine
 from hpcrl.reshard.transport import make_groups
 from hpcrl.rewards.scoring import build_scorer
 from hpcrl.rl.async_placement import async_placement_problems, build_async_driver
-from hpcrl.rl.driver import PromptCodec, RLDriver, Workers
+from hpcrl.rl.collector import Collector, CollectorSettings, PromptCodec
+from hpcrl.rl.driver import RLDriver
 from hpcrl.rl.handoff import SideInputs, build_rollout_side
+from hpcrl.rl.learner import Learner, Models
 from hpcrl.rl.workers import ActorWorker, Pool, RolloutWorker, Shards, TrainerWorker
 from hpcrl.rollout.base import SamplingParams
 from hpcrl.rollout.engine_rule import ENGINES, EngineFacts, resolve_engine
 from hpcrl.stages.stateful import Stateful
 from hpcrl.train.model import build_generation_groups, build_train_groups, named_global_params
 from hpcrl.train.trainer import build_policy_trainer, build_value_trainer
+
+if TYPE_CHECKING:
+    from hpcrl.train.trainer import Trainer
 
 
 def training_world(cfg: ExperimentConfig, world: int) -> int:
@@ -117,9 +123,12 @@ def _pool_groups(cfg: ExperimentConfig, pools: Pools):
 
 @dataclass
 class Job:
-    driver: RLDriver
-    """The step runner: RLDriver, or an async pool's driver (hpcrl.rl.async_driver) on that placement."""
+    driver: object
+    """The step runner (`step(i)`, `final_evaluation(n)`, a `sampler`): RLDriver, or an async pool's
+    driver (hpcrl.rl.async_driver) on that placement."""
     logger: MetricsLogger
+    trainers: dict[str, Trainer] = field(default_factory=dict)
+    """The trainers checkpointed on this rank, by prefix (hpcrl.rl.learner.Models.trainers)."""
     states: list[Stateful] = field(default_factory=list)
     """Checkpointed state beyond the trainers and the data cursor (hpcrl.stages.stateful)."""
     close: Callable[[bool], None] = field(default=lambda wait: None)
@@ -153,8 +162,15 @@ class JobInputs:
     def logger(self) -> MetricsLogger:
         return MetricsLogger(self.cfg.logging, self.run_dir, self.cfg.algorithm.steps, is_main=self.rank == 0)
 
-    def driver(self, workers: Workers) -> RLDriver:
-        return core_driver(self.cfg, workers, self.tokenizer, self.train, self.heldout)
+    def learner(self, models: Models) -> Learner:
+        return Learner(self.cfg.algorithm, self.cfg.rollout.max_new_tokens, models)
+
+    def collector(self, rollout: RolloutWorker) -> Collector:
+        return build_collector(self.cfg, rollout, self.tokenizer, self.sampler(), self.heldout)
+
+    def sampler(self) -> PromptSampler:
+        """The training prompts from the start of the data (a resume moves the cursor)."""
+        return PromptSampler(self.train, DataCursor(seed=self.cfg.data.shuffle_seed))
 
 
 def _pooled_job(i: JobInputs) -> Job:
@@ -163,14 +179,15 @@ def _pooled_job(i: JobInputs) -> Job:
     pools = Pools.for_config(i.cfg, i.world)
     actor_groups, model_groups = _pool_groups(i.cfg, pools)
     actor, rollout = _build_actor_and_rollout(i.cfg, i.tokenizer, pools.actor, actor_groups, i.rank, i.world)
-    reference, critic = _build_model_pool(i.cfg, pools.models, model_groups)
-    return Job(driver=i.driver(Workers(actor, rollout, reference, critic)), logger=i.logger())
+    models = Models(actor, *_build_model_pool(i.cfg, pools.models, model_groups))
+    driver = RLDriver(i.collector(rollout), i.learner(models), actor.sync_weights, i.cfg.algorithm.eval_every)
+    return Job(driver=driver, logger=i.logger(), trainers=models.trainers())
 
 
 def _async_job(i: JobInputs) -> Job:
     """The training pool's or the rollout pool's side of the async placement (hpcrl.rl.async_placement)."""
-    driver = build_async_driver(i.cfg, i.rank, i.tokenizer, rollout_engine_for(i.cfg), i.driver)
-    return Job(driver=driver, logger=i.logger(), states=[driver], close=driver.close)
+    driver = build_async_driver(i.cfg, i.rank, i.tokenizer, rollout_engine_for(i.cfg), i)
+    return Job(driver, i.logger(), trainers=driver.trainers(), states=[driver], close=driver.close)
 
 
 _JOBS: dict[str, Callable[[JobInputs], Job]] = {
@@ -181,25 +198,23 @@ _JOBS: dict[str, Callable[[JobInputs], Job]] = {
 """How each placement kind (hpcrl.distributed.placement.PLACEMENTS) builds a rank's job."""
 
 
-def core_driver(cfg: ExperimentConfig, workers: Workers, tokenizer, train: list, heldout: list) -> RLDriver:
-    """The RL dataflow over `workers` with this config's sampling, reward, data and codec."""
+def build_collector(
+    cfg: ExperimentConfig, rollout: RolloutWorker, tokenizer, sampler, heldout: list
+) -> Collector:
+    """A Collector over `rollout` with this config's sampling, reward, data and codec."""
     codec = PromptCodec(
         encode=lambda texts: encode_prompts(tokenizer, texts, cfg.data.max_prompt_length),
         decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
         eos_id=tokenizer.eos_token_id,
     )
-    return RLDriver(
+    settings = CollectorSettings(
         cfg.algorithm,
         SamplingParams.from_config(cfg.rollout),
         cfg.rollout.samples_per_prompt,
-        workers,
-        codec,
-        build_scorer(cfg.reward, cfg.data),
         cfg.reward.nan_policy,
-        PromptSampler(train, DataCursor(seed=cfg.data.shuffle_seed)),
-        heldout,
         seed=cfg.seed,
     )
+    return Collector(settings, rollout, codec, build_scorer(cfg.reward, cfg.data), sampler, heldout)
 
 
 def _temperature(cfg: ExperimentConfig) -> float:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -25,31 +25,12 @@ import torch.distributed as dist
 
 from hpcrl.ckpt.collectives import collective_device
 from hpcrl.data.tasks import Example
+from hpcrl.rl.collector import RolloutBatch
 from hpcrl.rl.experience import Experience
 from hpcrl.rollout.base import GenerationOutput
 
 VERSION_KEY = "weight_version_B"
 """Experience.tensors key: the weight version each sample was generated with ([B], int64)."""
-
-
-@dataclass
-class RolloutBatch:
-    """One training batch as the rollout pool collected it."""
-
-    index: int
-    """The training step that will train on it (batch j is trained at step j)."""
-    version: int
-    """Weight version it was generated with: the weights after `version` updates (every sample's
-    `exp.tensors[VERSION_KEY]` holds it too)."""
-    exp: Experience
-    """Scored experience after dynamic sampling (rows whose reward was skipped are dropped)."""
-    sampled_B: torch.Tensor
-    """Scores of every sample drawn for it, before dynamic sampling dropped groups (reward/mean)."""
-    metrics: dict[str, float] = field(default_factory=dict)
-    """Its collection's metrics: reward/skipped, sampling/* (deterministic: saved with the batch)."""
-    seconds: dict[str, float] = field(default_factory=dict)
-    """Wall-clock seconds of its collection's phases (generate, reward). Not saved: a checkpoint holds
-    only what the run computes, so a resumed run's checkpoints are bitwise the uninterrupted run's."""
 
 
 @dataclass

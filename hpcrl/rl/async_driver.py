@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -43,13 +43,17 @@ from hpcrl.errors import ConfigError, Problem
 from hpcrl.rl.async_channel import (
     VERSION_KEY,
     BatchChannel,
-    RolloutBatch,
     RolloutMessage,
     decode_batches,
     encode_batches,
 )
 from hpcrl.rl.async_weights import DoubleBufferedWeights, WeightSender
-from hpcrl.rl.driver import PhaseTimer, RLDriver
+from hpcrl.rl.collector import Collector, RolloutBatch
+from hpcrl.rl.learner import Learner
+from hpcrl.rl.timing import PhaseTimer, timing_metrics
+
+if TYPE_CHECKING:
+    from hpcrl.train.trainer import Trainer
 
 STATE_KEY = "async"
 """RunState.algorithm_state key of the async placement's state."""
@@ -120,18 +124,23 @@ class AsyncTrainDriver:
     key = STATE_KEY
 
     def __init__(
-        self, core: RLDriver, channel: BatchChannel, sender: WeightSender, max_off_policy_steps: int
+        self,
+        learner: Learner,
+        channel: BatchChannel,
+        sender: WeightSender,
+        max_off_policy_steps: int,
+        sampler: CursorMirror,
     ):
-        self.core, self.channel, self.sender = core, channel, sender
+        self.learner, self.channel, self.sender = learner, channel, sender
         self.state = AsyncState(max_off_policy_steps)
         self.queue: dict[int, RolloutBatch] = {}
-        self.sampler = CursorMirror(core.sampler.rows, core.sampler.cursor)
+        self.sampler = sampler
         self.version = 0
         """Weight version of the actor (updates applied)."""
 
-    @property
-    def workers(self):
-        return self.core.workers
+    def trainers(self) -> dict[str, Trainer]:
+        """The trainers checkpointed on this rank, by prefix."""
+        return self.learner.models.trainers()
 
     def _start(self, step: int) -> None:
         """First step (or final evaluation) of this process: the rollout pool gets this version."""
@@ -158,7 +167,7 @@ class AsyncTrainDriver:
         metrics: dict[str, float] = {"step": step} | batch.metrics
         metrics |= {f"time/{phase}_s": seconds for phase, seconds in batch.seconds.items()}
         metrics |= _version_lag(step, batch, m)
-        tokens = self.core.train_on(step, batch.exp, batch.sampled_B, timer, metrics)
+        tokens = self.learner.train(step, batch, timer, metrics)
         with timer.phase("transfer"):
             metrics |= self.sender.send(step + 1)
         self.version = step + 1
@@ -167,7 +176,7 @@ class AsyncTrainDriver:
         heldout = [msg.heldout for msg in messages if msg.heldout is not None]
         if heldout:
             metrics["reward/heldout"] = heldout[0]
-        timing = self.core.timing_metrics(timer, *tokens)
+        timing = timing_metrics(timer, *tokens)
         timing = {k: v for k, v in timing.items() if not k.startswith(("share/", "tps/generate"))}
         return (
             metrics
@@ -221,28 +230,30 @@ class AsyncRolloutDriver:
 
     def __init__(
         self,
-        core: RLDriver,
+        collector: Collector,
         channel: BatchChannel | None,
         weights: DoubleBufferedWeights,
         max_off_policy_steps: int,
+        eval_every: int,
     ):
-        self.core, self.weights = core, weights
+        self.collector, self.weights = collector, weights
         self.channel = channel
         """None on rollout ranks other than the first (which sends for the pool)."""
         self.state = AsyncState(max_off_policy_steps)
-
-    @property
-    def workers(self):
-        return self.core.workers
+        self.eval_every = eval_every
 
     @property
     def sampler(self):
         """The data sampler the rollout pool draws prompts from (the checkpoint restores its cursor)."""
-        return self.core.sampler
+        return self.collector.sampler
 
     @sampler.setter
     def sampler(self, sampler) -> None:
-        self.core.sampler = sampler
+        self.collector.sampler = sampler
+
+    def trainers(self) -> dict[str, Trainer]:
+        """None on the rollout pool: its engine receives the weights every step."""
+        return {}
 
     def _start(self, step: int) -> None:
         if self.state.started is None:
@@ -261,9 +272,9 @@ class AsyncRolloutDriver:
         metrics: dict[str, float] = {"step": step} | self._swap_to(step, timer)
         self.weights.start_receive(step + 1)  # overlaps this step's generation
         heldout = None
-        if self.core.algo.eval_every and step % self.core.algo.eval_every == 0:
+        if self.eval_every and step % self.eval_every == 0:
             with timer.phase("eval"):
-                heldout = self.core.evaluate(step)
+                heldout = self.collector.evaluate(step)
         sent = 0
         if self.state.next_batch <= step:  # m = 0, or the first step: the batch trained now
             sent += self._produce(step, step, timer, heldout)
@@ -280,10 +291,10 @@ class AsyncRolloutDriver:
         batches = []
         while self.state.next_batch <= last:
             index = self.state.next_batch
-            batch_timer, metrics = PhaseTimer(), {}
-            exp, sampled_B = self.core.collect(index, batch_timer, metrics)
-            exp.tensors[VERSION_KEY] = torch.full((len(exp),), step, dtype=torch.int64)
-            batches.append(RolloutBatch(index, step, exp, sampled_B, metrics, dict(batch_timer.seconds)))
+            batch_timer = PhaseTimer()
+            batch = self.collector.collect(index, step, batch_timer)
+            batch.exp.tensors[VERSION_KEY] = torch.full((len(batch.exp),), step, dtype=torch.int64)
+            batches.append(batch)
             self.state.next_batch += 1
             for phase, seconds in batch_timer.seconds.items():
                 timer.seconds[phase] = timer.seconds.get(phase, 0.0) + seconds
@@ -298,7 +309,7 @@ class AsyncRolloutDriver:
         self._start(step)
         timer = PhaseTimer()
         self._swap_to(step, timer)
-        heldout = self.core.evaluate(step)
+        heldout = self.collector.evaluate(step)
         if self.channel is not None:
             self.channel.send(
                 RolloutMessage([], self.sampler.cursor.to_dict(), heldout, timer.seconds.get("swap", 0.0))

@@ -16,12 +16,13 @@ the transfer's group.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from hpcrl.algorithm.registry import ALGORITHMS
+from hpcrl.data.cursor import PromptSampler
 from hpcrl.distributed.groups import new_group
 from hpcrl.distributed.layout import ParallelLayout
 from hpcrl.errors import Problem
@@ -30,10 +31,11 @@ from hpcrl.reshard.build import model_param_metas
 from hpcrl.reshard.cross_pool import plan_cross_pool
 from hpcrl.reshard.cross_pool_transfer import CrossPoolTransfer
 from hpcrl.rl.async_channel import BatchChannel
-from hpcrl.rl.async_driver import AsyncRolloutDriver, AsyncTrainDriver
+from hpcrl.rl.async_driver import AsyncRolloutDriver, AsyncTrainDriver, CursorMirror
 from hpcrl.rl.async_weights import DoubleBufferedWeights, WeightSender
-from hpcrl.rl.driver import RLDriver, Workers
+from hpcrl.rl.collector import Collector
 from hpcrl.rl.handoff import shard_loader
+from hpcrl.rl.learner import Learner, Models
 from hpcrl.rl.workers import ActorWorker, Pool, RolloutWorker, Shards, TrainerWorker
 from hpcrl.rollout.engine_rule import ENGINES
 from hpcrl.rollout.factory import build_rollout_engine
@@ -138,9 +140,9 @@ class AsyncGroups:
         )
 
 
-def build_training_side(cfg: ExperimentConfig, groups: AsyncGroups, tokenizer):
-    """(Workers, WeightSender) of a training rank: actor (+ reference, critic) on the training pool's
-    groups; the rollout worker is a stand-in (the rollout pool generates)."""
+def build_training_side(cfg: ExperimentConfig, groups: AsyncGroups) -> tuple[Models, WeightSender]:
+    """(Models, WeightSender) of a training rank: actor (+ reference, critic) on the training pool's
+    groups, and the sender of the actor's weights to the rollout pool."""
 
     mbs, g = cfg.optim.micro_batch_size, groups.train
     temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
@@ -154,9 +156,7 @@ def build_training_side(cfg: ExperimentConfig, groups: AsyncGroups, tokenizer):
     def params():
         return dict(named_global_params(trainer.model, trainer.model_cfg, g))
 
-    rollout = RolloutWorker(None, Shards(-1, 1), None, tokenizer.pad_token_id)
-    workers = Workers(ActorWorker(trainer, None, mbs), rollout, reference, critic)
-    return workers, WeightSender(groups.transfer, params)
+    return Models(ActorWorker(trainer, None, mbs), reference, critic), WeightSender(groups.transfer, params)
 
 
 def build_rollout_side(
@@ -167,9 +167,9 @@ def build_rollout_side(
     model_cfg,
     tokenizer,
     rank: int,
-):
-    """(Workers, DoubleBufferedWeights) of a rollout rank: the engine at the generation layout, fed by
-    the cross-pool transfer through a back buffer; the actor is a stand-in (the training pool trains)."""
+) -> tuple[RolloutWorker, DoubleBufferedWeights]:
+    """(RolloutWorker, DoubleBufferedWeights) of a rollout rank: the engine at the generation layout, fed
+    by the cross-pool transfer through a back buffer."""
 
     local = rank - pools.rollout.start
     tokens = (tokenizer.pad_token_id, tokenizer.eos_token_id)
@@ -193,28 +193,34 @@ def build_rollout_side(
         tokenizer.pad_token_id,
         max_num_seqs=None if kind.schedules_its_batches else cfg.rollout.max_num_seqs,
     )
-    actor = ActorWorker(None, None, cfg.optim.micro_batch_size, pools.train)
-    return Workers(actor, rollout), DoubleBufferedWeights(groups.transfer, back, load)
+    return rollout, DoubleBufferedWeights(groups.transfer, back, load)
+
+
+class RLParts(Protocol):
+    """How the job builds the RL dataflow's halves over this rank's workers (hpcrl.rl.assemble)."""
+
+    def learner(self, models: Models) -> Learner: ...
+
+    def collector(self, rollout: RolloutWorker) -> Collector: ...
+
+    def sampler(self) -> PromptSampler: ...
 
 
 def build_async_driver(
-    cfg: ExperimentConfig,
-    rank: int,
-    tokenizer,
-    engine_name: str,
-    core: Callable[[Workers], RLDriver],
+    cfg: ExperimentConfig, rank: int, tokenizer, engine_name: str, parts: RLParts
 ) -> AsyncTrainDriver | AsyncRolloutDriver:
-    """This rank's side of the async placement: AsyncTrainDriver on the training pool, AsyncRolloutDriver
-    on the rollout pool. `engine_name`: the resolved rollout engine; `core(workers)` builds the RL
-    dataflow (hpcrl.rl.assemble.core_driver) over this rank's workers. Collective: every rank calls it
-    (the groups, then each pool's models)."""
+    """This rank's side of the async placement: AsyncTrainDriver over a Learner on the training pool,
+    AsyncRolloutDriver over a Collector on the rollout pool. `engine_name`: the resolved rollout engine.
+    Collective: every rank calls it (the groups, then each pool's models)."""
     pools = AsyncPools.for_config(cfg)
     model_cfg = cfg.model  # resolved from model.hf_path's config.json by hpcrl.stages.rank.enter_rank
     groups = AsyncGroups.build(cfg, pools, engine_name, model_cfg, rank)
     m = cfg.placement.max_off_policy_steps
     channel = BatchChannel(groups.channel, pools.rollout.start) if groups.channel is not None else None
     if rank in pools.train:
-        workers, sender = build_training_side(cfg, groups, tokenizer)
-        return AsyncTrainDriver(core(workers), channel, sender, m)
-    workers, weights = build_rollout_side(cfg, pools, groups, engine_name, model_cfg, tokenizer, rank)
-    return AsyncRolloutDriver(core(workers), channel, weights, m)
+        models, sender = build_training_side(cfg, groups)
+        start = parts.sampler()  # the rollout pool's data position until its first message
+        mirror = CursorMirror(start.rows, start.cursor)
+        return AsyncTrainDriver(parts.learner(models), channel, sender, m, mirror)
+    rollout, weights = build_rollout_side(cfg, pools, groups, engine_name, model_cfg, tokenizer, rank)
+    return AsyncRolloutDriver(parts.collector(rollout), channel, weights, m, cfg.algorithm.eval_every)

@@ -26,7 +26,7 @@ from hpcrl.stages.rank import enter_rank, step_sleep_s
 from hpcrl.stages.stateful import DataCursorState
 
 if TYPE_CHECKING:
-    from hpcrl.train.trainer import Trainer
+    pass
 
 log = logging.getLogger(__name__)
 
@@ -67,16 +67,6 @@ def config_problems(cfg: ExperimentConfig, world_size: int) -> list[Problem]:
     return problems
 
 
-def rl_trainers(driver) -> dict[str, Trainer]:
-    """The trainers an RL driver checkpoints on this rank, by prefix. Split placement: a rank holds only
-    its own pool's trainers (the others are stand-ins without one)."""
-    workers = driver.workers
-    out = {"actor.": workers.actor.trainer} if workers.actor.trainer is not None else {}
-    if workers.critic is not None and workers.critic.trainer is not None:
-        out["critic."] = workers.critic.trainer
-    return out
-
-
 def main(cfg: ExperimentConfig, run_dir: Path, lifecycle: Lifecycle | None = None) -> dict:
     """Run the configured RL job on this rank; returns the last step's metrics (every rank).
     `lifecycle`: the wrapper's (hpcrl.launcher.element), whose signals the save trigger reads; a direct
@@ -88,7 +78,7 @@ def main(cfg: ExperimentConfig, run_dir: Path, lifecycle: Lifecycle | None = Non
     start = time.perf_counter()
     job = build_job(cfg, run_dir, rank, world)
     final = job.driver.final_evaluation if cfg.algorithm.eval_every else None
-    parts = (rl_trainers(job.driver), [DataCursorState(job.driver), *job.states])
+    parts = (job.trainers, [DataCursorState(job.driver), *job.states])
     try:
         last, plot = run_steps(
             cfg, run_dir, parts, job.logger, job.driver.step, final, start,

@@ -8,9 +8,31 @@ from tests.rl._job_ranks import run_named, tiny_config
 
 
 def jobs_then_double_buffer(rank: int, world: int, named: list, run_root: str) -> dict:
-    """The async jobs `named` one after another, then `double_buffer_ranks` (one world, one start-up)."""
+    """The async jobs `named` one after another, then `double_buffer_ranks` and `pool_sides` of the
+    first config (one world, one start-up)."""
     run_named(rank, world, named, run_root)
-    return double_buffer_ranks(rank, world)
+    return double_buffer_ranks(rank, world) | {"sides": pool_sides(rank, world, named[0][1], run_root)}
+
+
+def pool_sides(rank: int, world: int, cfg, run_root: str) -> dict:
+    """What this rank's async job holds: the training pool a Learner (and trainers to checkpoint), the
+    rollout pool a Collector; neither a stand-in of the other half."""
+    from pathlib import Path
+
+    from hpcrl.rl.assemble import build_job
+
+    job = build_job(cfg, Path(run_root) / "sides", rank, world)
+    driver = job.driver
+    out = {
+        "driver": type(driver).__name__,
+        "learner": type(getattr(driver, "learner", None)).__name__,
+        "collector": type(getattr(driver, "collector", None)).__name__,
+        "trainers": sorted(job.trainers),
+        "attributes": sorted(vars(driver)),
+    }
+    job.logger.close()
+    job.close(True)
+    return out
 
 
 def tiny_model_config():

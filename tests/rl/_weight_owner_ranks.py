@@ -21,7 +21,7 @@ def _rollout_matches_trainer(job, cfg) -> bool:
     side is gathered by the model code (hpcrl.train.model.gather_full_state_dict), independent of the
     reshard: the full t=1 weights, sliced to this rank's generation shard (megatron engine) or converted
     to HF names (hf engine)."""
-    actor, engine = job.driver.workers.actor, job.driver.workers.rollout.engine
+    actor, engine = job.driver.learner.models.actor, job.driver.collector.rollout.engine
     trainer = actor.trainer
     full = trainer.full_state_dict()
     if isinstance(engine, MegatronRolloutEngine):
@@ -48,14 +48,14 @@ def run_and_compare(rank: int, world: int, configs: list, run_root: str, steps: 
     for name, cfg in configs:
         seed_rngs(cfg.seed)
         job = build_job(cfg, Path(run_root) / name, rank, world)
-        trainer = job.driver.workers.actor.trainer
+        trainer = job.driver.learner.models.actor.trainer
         metrics, matched, moved = [], [], []
         for step in range(1, steps + 1):
             before = {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
             metrics.append(job.driver.step(step))
             after = dict(trainer.model.named_parameters())
             moved.append(max(float((after[k].detach() - v).abs().max()) for k, v in before.items()))
-            job.driver.workers.actor.sync_weights()  # the weights of update `step`, as step + 1 starts
+            job.driver.learner.models.actor.sync_weights()  # the weights of update `step`, as step + 1 starts
             matched.append(_rollout_matches_trainer(job, cfg))
         job.close(True)
         out[name] = {"metrics": metrics, "matched": matched, "moved": moved}

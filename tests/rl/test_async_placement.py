@@ -25,13 +25,13 @@ from hpcrl.errors import ConfigError
 from hpcrl.experiment.rules import check_rules
 from hpcrl.rl.assemble import placement_problems
 from hpcrl.rl.async_channel import (
-    RolloutBatch,
     RolloutMessage,
     decode_batches,
     decode_message,
     encode_batches,
     encode_message,
 )
+from hpcrl.rl.collector import RolloutBatch
 from hpcrl.rl.experience import Experience
 from hpcrl.rollout.base import GenerationOutput
 from tests.recovery._runs import final_tensors
@@ -147,6 +147,17 @@ def test_a_received_version_waits_in_the_back_buffer_until_the_swap(world):
     nbytes = rollout["swap"]["weights/bytes_received"]
     assert nbytes == rollout["swap2"]["weights/bytes_received"] == sender["sent"][0]["weights/bytes_sent"]
     assert nbytes == _model_bytes(_config().model)  # the whole model, each element once
+
+
+@pytest.mark.slow
+def test_each_pool_holds_its_half_of_the_step_and_no_stand_in_of_the_other(world):
+    train, rollout = (ranks["sides"] for ranks in world[1])
+    assert train["driver"] == "AsyncTrainDriver" and train["learner"] == "Learner"
+    assert train["collector"] == "NoneType" and train["trainers"] == ["actor."]
+    assert rollout["driver"] == "AsyncRolloutDriver" and rollout["collector"] == "Collector"
+    assert rollout["learner"] == "NoneType" and rollout["trainers"] == []
+    # the halves are the driver's only workers: no rollout worker on the training pool, no actor on the rollout
+    assert not {"core", "workers", "rollout", "actor"} & set(train["attributes"] + rollout["attributes"])
 
 
 def _model_bytes(model) -> int:

@@ -42,10 +42,10 @@ def run_steps(rank: int, world: int, cfg, run_dir: str, steps: int) -> list[dict
     torch.manual_seed(cfg.seed)
     job = build_job(cfg, Path(run_dir), rank, world)
     roles = {
-        "actor": job.driver.workers.actor.trainer is not None,
-        "critic": job.driver.workers.critic.trainer is not None,
-        "reference": job.driver.workers.reference.trainer is not None,
-        "rollout": job.driver.workers.rollout.engine is not None,
+        "actor": job.driver.learner.models.actor.trainer is not None,
+        "critic": job.driver.learner.models.critic.trainer is not None,
+        "reference": job.driver.learner.models.reference.trainer is not None,
+        "rollout": job.driver.collector.rollout.engine is not None,
     }
     out = [job.driver.step(step) | {"roles": roles} for step in range(steps)]
     job.logger.close()

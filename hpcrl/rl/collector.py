@@ -1,0 +1,171 @@
+"""The collecting half of an RL step: draw prompts, generate, score, and hand over a `RolloutBatch`.
+
+One batch, for B = prompts_per_step x samples_per_prompt sequences: sample B responses (+ their rollout
+log-probs) with the rollout worker; score them (skipped samples are dropped; DAPO's overlong penalty
+added; ReMax's greedy baseline scored alongside); with dynamic sampling (DAPO §3.2), groups whose scores
+are all equal are dropped and more prompts sampled, at most `max_gen_batches` rollout batches, and the
+kept groups are trimmed to prompts_per_step. The colocated step (hpcrl.rl.driver) and the async
+placement's rollout pool (hpcrl.rl.async_driver) both collect through it; environments plug in here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from hpcrl.algorithm.config import AlgorithmConfig
+from hpcrl.algorithm.registry import ALGORITHMS
+from hpcrl.data.cursor import PromptSampler
+from hpcrl.data.tasks import Example
+from hpcrl.rewards.scoring import BatchScorer, score_batch
+from hpcrl.rl.experience import Experience
+from hpcrl.rl.shaping import first_groups, informative_groups, overlong_penalty
+from hpcrl.rl.timing import PhaseTimer
+from hpcrl.rl.workers import RolloutWorker
+from hpcrl.rollout.base import SamplingParams
+
+
+@dataclass
+class PromptCodec:
+    """Text <-> token ids for prompts and responses (the tokenizer plus the prompt length rule)."""
+
+    encode: Callable[[list[str]], list[list[int]]]
+    decode: Callable[[list[int]], str]
+    eos_id: int
+
+
+@dataclass
+class RolloutBatch:
+    """One training batch as it was collected."""
+
+    index: int
+    """The training step that will train on it (batch j is trained at step j)."""
+    version: int
+    """Weight version it was generated with: the weights after `version` updates (on the async
+    placement every sample's `exp.tensors[VERSION_KEY]` holds it too)."""
+    exp: Experience
+    """Scored experience after dynamic sampling (rows whose reward was skipped are dropped)."""
+    sampled_B: torch.Tensor
+    """Scores of every sample drawn for it, before dynamic sampling dropped groups (reward/mean)."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Its collection's metrics: reward/skipped, sampling/* (deterministic: saved with the batch)."""
+    seconds: dict[str, float] = field(default_factory=dict)
+    """Wall-clock seconds of its collection's phases (generate, reward). Not saved: a checkpoint holds
+    only what the run computes, so a resumed run's checkpoints are bitwise the uninterrupted run's."""
+
+
+@dataclass
+class CollectorSettings:
+    """What a Collector samples with: the algorithm's sampling knobs and the run's seed."""
+
+    algo: AlgorithmConfig
+    sampling: SamplingParams
+    samples_per_prompt: int
+    nan_policy: str
+    seed: int = 0
+
+
+class Collector:
+    """Prompts from `sampler`, responses from `rollout`, scores from `scorer`: RolloutBatches."""
+
+    def __init__(
+        self,
+        settings: CollectorSettings,
+        rollout: RolloutWorker,
+        codec: PromptCodec,
+        scorer: BatchScorer,
+        sampler: PromptSampler[Example],
+        heldout: list[Example],
+    ):
+        self.settings, self.algo, self.sampling = settings, settings.algo, settings.sampling
+        self.k, self.seed = settings.samples_per_prompt, settings.seed
+        self.greedy_baseline = ALGORITHMS[settings.algo.name].greedy_baseline
+        self.rollout, self.codec, self.scorer, self.nan_policy = rollout, codec, scorer, settings.nan_policy
+        self.sampler, self.heldout = sampler, heldout
+
+    def collect(self, index: int, version: int, timer: PhaseTimer) -> RolloutBatch:
+        """Batch `index`, generated with weight version `version`; its phases are timed on `timer`.
+
+        Without dynamic sampling: one rollout batch of prompts_per_step prompts. With it (DAPO §3.2):
+        rollout batches until prompts_per_step groups with differing rewards are kept, at most
+        max_gen_batches; the kept groups are trimmed to prompts_per_step."""
+        algo, parts, sampled, kept_groups = self.algo, [], [], 0
+        metrics: dict[str, float] = {}
+        for attempt in range(algo.max_gen_batches if algo.dynamic_sampling else 1):
+            exp, skipped = self._rollout_batch(index, attempt, timer)
+            metrics["reward/skipped"] = metrics.get("reward/skipped", 0.0) + skipped
+            sampled.append(exp.scores_B)
+            if algo.dynamic_sampling:
+                exp = exp.select(informative_groups(exp.scores_B, exp.group_ids_B))
+            parts.append(exp)
+            kept_groups += len(exp.group_ids_B.unique())
+            if kept_groups >= algo.prompts_per_step:
+                break
+        exp = Experience.concat(parts, self.rollout.pad_id)
+        if algo.dynamic_sampling:
+            exp = exp.select(first_groups(exp.group_ids_B, algo.prompts_per_step))
+            metrics["sampling/gen_batches"] = float(len(parts))
+            metrics["sampling/kept_groups"] = float(min(kept_groups, algo.prompts_per_step))
+        return RolloutBatch(index, version, exp, torch.cat(sampled), metrics, dict(timer.seconds))
+
+    @torch.no_grad()
+    def evaluate(self, step: int) -> float:
+        """Mean reward of greedy responses to the held-out prompts (current rollout weights)."""
+        exp = self.generate_scored(self.heldout, self.sampling.greedy(), seed=self.seed + 10**6 + step)
+        return float(self._score(exp.examples, exp.responses).scores_B.mean())
+
+    def generate_scored(self, examples: list[Example], sampling: SamplingParams, seed: int) -> Experience:
+        """Responses to `examples` (decoded into `exp.responses`), not yet scored."""
+        prompt_ids = self.codec.encode([e.prompt for e in examples])
+        gen = self.rollout.generate(prompt_ids, sampling, seed)
+        groups = torch.arange(len(examples))
+        exp = Experience.from_generation(examples, groups, prompt_ids, gen, self.rollout.pad_id)
+        exp.responses = self._decode(gen.response_ids_BT, gen.response_mask_BT)
+        return exp
+
+    def _rollout_batch(self, step: int, attempt: int, timer: PhaseTimer) -> tuple[Experience, int]:
+        """Sample and score one batch of prompts_per_step prompts x k samples (rows whose reward was
+        skipped are dropped). Group ids are unique across a step's batches."""
+        prompts = self.sampler.next_batch(self.algo.prompts_per_step)
+        examples = [e for e in prompts for _ in range(self.k)]
+        # attempt 0 keeps the seed of a step without dynamic sampling; later batches draw fresh rows
+        seed = self.seed * 100_003 + step + attempt * 1_000_000_007
+        with timer.phase("generate"):
+            exp = self.generate_scored(examples, self.sampling, seed=seed)
+            exp.group_ids_B = (attempt * len(prompts) + torch.arange(len(prompts))).repeat_interleave(self.k)
+            baseline_B = self._greedy_baseline(prompts, step) if self.greedy_baseline else None
+        with timer.phase("reward"):
+            result = self._score(exp.examples, exp.responses)
+            exp.scores_B = result.scores_B + self._length_penalty(exp)
+            if baseline_B is not None:
+                exp.tensors["baseline_B"] = baseline_B.repeat_interleave(self.k)
+            exp = exp.select(result.keep_B) if result.num_skipped else exp
+        return exp, result.num_skipped
+
+    def _greedy_baseline(self, prompts: list[Example], step: int) -> torch.Tensor:
+        exp = self.generate_scored(prompts, self.sampling.greedy(), seed=step)
+        return self._score(exp.examples, exp.responses).scores_B + self._length_penalty(exp)
+
+    def _length_penalty(self, exp: Experience) -> torch.Tensor:
+        a = self.algo
+        return overlong_penalty(
+            exp.gen.lengths_B, self.sampling.max_new_tokens, a.overlong_buffer_len, a.overlong_penalty_factor
+        )
+
+    def _decode(self, ids_BT: torch.Tensor, mask_BT: torch.Tensor) -> list[str]:
+        out = []
+        for row, mask in zip(ids_BT.tolist(), mask_BT.tolist(), strict=True):
+            tokens = [t for t, m in zip(row, mask, strict=True) if m and t != self.codec.eos_id]
+            out.append(self.codec.decode(tokens))
+        return out
+
+    def _score(self, examples: list[Example], responses: list[str]):
+        return score_batch(
+            self.scorer,
+            [e.prompt for e in examples],
+            responses,
+            [e.answer for e in examples],
+            self.nan_policy,
+        )
