@@ -60,6 +60,9 @@ class Placement:
     name: str
     rollout_spans_element: bool = True
     models_pool: bool = False
+    rollout_pool: bool = False
+    """The rollout engine on a pool of its own (the memory planner's generation role): it never sleeps,
+    and a second copy of its weights receives the next version while it generates."""
     single_pool: bool = True
     off_policy: bool = False
 
@@ -123,7 +126,9 @@ class _Async(Placement):
 PLACEMENTS: dict[str, Placement] = {
     "colocated": Placement("colocated"),
     "split": _Split("split", rollout_spans_element=False, models_pool=True, single_pool=False),
-    "async": _Async("async", rollout_spans_element=False, single_pool=False, off_policy=True),
+    "async": _Async(
+        "async", rollout_spans_element=False, rollout_pool=True, single_pool=False, off_policy=True
+    ),
 }
 """Every placement kind by name (`placement.kind`'s values)."""
 

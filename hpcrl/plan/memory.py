@@ -14,8 +14,9 @@ Pure (no torch). Formulas and their sources: hpcrl.plan.formulas. What is reside
 - generate: KV cache of this generation rank's sequences + the reshard staging (HybridFlow Table 2's
   received part + one bucket).
 Peak = persistent + the largest other phase, per pool of ranks: colocated = one pool; split placement
-(hpcrl.rl.assemble: actor + rollout on ranks [0, n), critic + reference on [n, 2n)) = two pools, and the
-worst one counts. On a CPU job the device IS host RAM, so host RAM adds the
+(hpcrl.rl.assemble: actor + rollout on ranks [0, n), critic + reference on [n, 2n)) = two pools; async
+placement = a training pool (actor, critic, reference) and a rollout pool (the engine, the back buffer of
+the next weights, the KV cache); the worst pool counts. On a CPU job the device IS host RAM, so host RAM adds the
 device total to the host-only parts (async checkpoint snapshot, prompt dataset).
 """
 
@@ -170,8 +171,11 @@ def predict(cfg: ExperimentConfig, *, host_bytes: float | None = None) -> Memory
     plan = MemoryPlan(layout=layout, device=device, host=host)
     add = plan.components.append
     actor = fm.rank_params(dims, par.tensor, par.pipeline)
-    split = placement_of(cfg.placement).models_pool
-    actor_pool, models_pool = ("actor", "models") if split else ("all", "all")
+    placement = placement_of(cfg.placement)
+    split = placement.models_pool
+    actor_pool = "actor" if split else "train" if placement.rollout_pool else "all"
+    models_pool = "models" if split else actor_pool
+    gen_pool = "rollout" if placement.rollout_pool else actor_pool
     for c in _trainable("actor", actor.total, cfg):
         add(replace(c, pool=actor_pool))
     if ALGORITHMS[cfg.algorithm.name].needs_critic:
@@ -187,8 +191,9 @@ def predict(cfg: ExperimentConfig, *, host_bytes: float | None = None) -> Memory
     if split and ALGORITHMS[cfg.algorithm.name].needs_critic:
         # the critic's update runs on its own pool (its value head has no logits buffer)
         add(replace(train[0], name="critic activations (1 micro-batch)", pool=models_pool))
-    for c in _generate_phase(cfg, dims, e, device.bytes):
-        add(replace(c, pool=actor_pool))
+    generate = _own_pool_generate_phase if placement.rollout_pool else _generate_phase
+    for c in generate(cfg, dims, e, device.bytes):
+        add(replace(c, pool=gen_pool))
     for c in _host_parts(cfg, actor.total, e):
         add(c)
     return plan
@@ -320,6 +325,37 @@ def _generate_phase(cfg: ExperimentConfig, dims: fm.Dims, e: int, device_bytes: 
             receive + min(bucket, split_bytes),
             "M/(t_g p_g) − M/(t p) + one bucket (HybridFlow Table 2)",
         ),
+    ]
+
+
+def _own_pool_generate_phase(
+    cfg: ExperimentConfig, dims: fm.Dims, e: int, device_bytes: float
+) -> list[Component]:
+    """A rollout pool of its own (async placement, hpcrl.rl.async_placement): the engine generates during
+    the update, so its weights never sleep, and the next version lands in a back buffer of the same size
+    (hpcrl.rl.async_weights.DoubleBufferedWeights); each of the d_r replicas decodes its share of the
+    batch; no reshard staging (the cross-pool transfer writes into the back buffer)."""
+    par = cfg.parallel
+    rt, rp = par.rollout_tensor, par.rollout_pipeline
+    replicas = cfg.placement.rollout_pool_data
+    sequences = max(1, cfg.algorithm.prompts_per_step * cfg.rollout.samples_per_prompt // replicas)
+    s = sequence_tokens(cfg)
+    gen_bytes = fm.rank_params(dims, rt, rp).total * e
+    engine, _ = _rollout_engine(cfg)
+    wave = min(sequences, cfg.rollout.max_num_seqs or sequences)
+    kv = fm.kv_cache_bytes(dims, sequences=wave, tokens=s, e=e, rollout_tensor=rt, rollout_pipeline=rp)
+    kv_text = (
+        f"2·L/p_g·max(1,g/t_g)·d·{e} B × {wave} seqs at once (of {sequences}, d_r={replicas}) × {s} tokens"
+    )
+    if ENGINES[engine].preallocates_memory:
+        util = cfg.rollout.gpu_memory_utilization
+        kv_text = f"vLLM budget {util:g}·capacity − weights (all at once would be {kv / GIB:.3g} GiB)"
+        kv = max(0.0, util * device_bytes - gen_bytes)
+    shard = f"generation shard t_g={rt}, p_g={rp}"
+    return [
+        Component("rollout engine weights", PERSISTENT, gen_bytes, f"{engine} engine, {shard}, never asleep"),
+        Component("next weights (back buffer)", PERSISTENT, gen_bytes, f"a second {shard}"),
+        Component("KV cache", "generate", kv, kv_text),
     ]
 
 

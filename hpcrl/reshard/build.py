@@ -22,7 +22,7 @@ from hpcrl.distributed.layout import ParallelLayout
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.reshard.engine import HybridEngine
 from hpcrl.reshard.naive import NaiveEngine
-from hpcrl.reshard.params import ParamMeta, gpt_param_metas
+from hpcrl.reshard.params import ParamMeta, gpt_param_metas, split_problems
 from hpcrl.reshard.planner import plan_rank
 from hpcrl.reshard.transport import CountingTransport, Group, TorchTransport, Transport
 
@@ -63,6 +63,9 @@ def build_reshard_engine(
             )
         )
     metas = model_param_metas(model, layout.pipeline)
+    problems = split_problems(metas, params)
+    if problems:
+        raise ConfigError(problems)
     plan = plan_rank(layout, metas, rank, bucket_bytes=bucket_bytes)
     transport = transport or CountingTransport(TorchTransport())
     engine = (

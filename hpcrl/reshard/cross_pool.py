@@ -220,12 +220,12 @@ def check_pools(
 def blocks_between(meta: ParamMeta, tp: int, t: int, gtp: int, t_g: int) -> list[Block]:
     """Blocks of `meta` that training TP shard tp (of t) holds and generation TP shard gtp (of t_g) needs.
 
-    Along the split dim each of `parts` halves (2 for GATE_UP = [gate; up], else 1) of size h is cut into
+    Along the split dim each of the split's `parts` blocks (2 for GATE_UP = [gate; up], else 1) of size h is cut into
     contiguous chunks; shard i of c holds [i·h/c, (i+1)·h/c) of every half, stacked half after half."""
     dim = meta.split.dim
     if dim is None:
         return [Block(meta.name, None, 0, 0, meta.shape)]
-    parts = 2 if meta.split is Split.GATE_UP else 1
+    parts = meta.split.parts
     h = meta.shape[dim] // parts
     src_n, dst_n = h // t, h // t_g
     lo, hi = max(tp * src_n, gtp * dst_n), min((tp + 1) * src_n, (gtp + 1) * dst_n)

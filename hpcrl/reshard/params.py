@@ -12,6 +12,13 @@ Split kinds (megatron-core column/row parallel linear layers; docs/FACTS.md "meg
   ROW        dim 1 cut into t contiguous chunks (row-parallel)
   REPLICATED every TP rank holds the whole tensor (norms)
 
+The same split is read off a built model's parameters (`split_of`: megatron-core's `tensor_model_parallel`,
+`partition_dim` and `partition_stride` attributes, then NAME_RULES for query groups and vocabularies), and
+the reshard engine refuses to bind a parameter whose reading disagrees with the plan (`split_problems`):
+a new kind of layer needs a rule, and cannot be resharded under a wrong one. The planner itself works
+from this module's metadata of a ModelConfig, so that `expand`, `plan` and `rehearse` plan without a model.
+GATE_UP's two blocks are `Split.parts` (megatron's partition_stride); every cut walks the parts.
+
 Each parameter carries its dtype: a model may keep some parameters in another dtype than its matrices
 (fp32 norms or MoE routers beside bf16 weights; hpcrl's dense models are one dtype, hpcrl.train.dtypes.
 cast_to_model_dtype); the planner keeps one stream per dtype (hpcrl.reshard.planner).
@@ -20,6 +27,7 @@ cast_to_model_dtype); the planner keeps one stream per dtype (hpcrl.reshard.plan
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -49,6 +57,12 @@ class Split(enum.Enum):
         if self is Split.REPLICATED:
             return None
         return 1 if self is Split.ROW else 0
+
+    @property
+    def parts(self) -> int:
+        """Blocks stacked along `dim`, each cut into TP chunks separately (megatron's partition_stride):
+        2 for GATE_UP ([gate; up]), 1 otherwise. TP shard r of c is [block_0 chunk r; block_1 chunk r; ...]."""
+        return 2 if self is Split.GATE_UP else 1
 
 
 @dataclass(frozen=True)
@@ -101,12 +115,12 @@ class ParamMeta:
                 Problem(f"{self.split.value} split needs a dim {dim}, shape is {self.shape}", key=self.name)
             ]
         out = []
+        parts = self.split.parts
         for count in sorted({tensor, rollout_tensor}):
-            unit = 2 * count if self.split is Split.GATE_UP else count
-            if self.shape[dim] % unit:
+            if self.shape[dim] % (parts * count):
                 out.append(
                     Problem(
-                        f"rule shape[{dim}] % {'2·' if self.split is Split.GATE_UP else ''}tp == 0: "
+                        f"rule shape[{dim}] % {f'{parts}·' if parts > 1 else ''}tp == 0: "
                         f"{self.split.value} dim {dim} of size {self.shape[dim]} does not divide into {count} shards",
                         key=self.name,
                     )
@@ -132,25 +146,68 @@ class ParamMeta:
 
 
 def shard_of(full: torch.Tensor, meta: ParamMeta, index: int, count: int) -> torch.Tensor:
-    """TP shard `index` of `count` of the full tensor, as megatron-core lays it out (a view or a copy)."""
-    dim = meta.split.dim
+    """TP shard `index` of `count` of the full tensor, as megatron-core lays it out (a view or a copy):
+    chunk `index` of each of the split's `parts` blocks, stacked."""
+    dim, parts = meta.split.dim, meta.split.parts
     if dim is None or count == 1:
         return full
-    if meta.split is Split.GATE_UP:
-        gate, up = full.chunk(2, dim=0)
-        return torch.cat([gate.chunk(count)[index], up.chunk(count)[index]])
-    return full.chunk(count, dim=dim)[index]
+    if parts == 1:
+        return full.chunk(count, dim=dim)[index]
+    return torch.cat([block.chunk(count, dim=dim)[index] for block in full.chunk(parts, dim=dim)], dim=dim)
 
 
 def gather_shards(shards: list[torch.Tensor], meta: ParamMeta) -> torch.Tensor:
     """The full tensor from TP shards 0..count-1 (inverse of `shard_of`)."""
-    dim = meta.split.dim
+    dim, parts = meta.split.dim, meta.split.parts
     if dim is None or len(shards) == 1:
         return shards[0]
-    if meta.split is Split.GATE_UP:
-        halves = [shard.chunk(2, dim=0) for shard in shards]
-        return torch.cat([torch.cat([g for g, _ in halves]), torch.cat([u for _, u in halves])])
-    return torch.cat(shards, dim=dim)
+    if parts == 1:
+        return torch.cat(shards, dim=dim)
+    blocks = [shard.chunk(parts, dim=dim) for shard in shards]
+    return torch.cat([torch.cat([b[part] for b in blocks], dim=dim) for part in range(parts)], dim=dim)
+
+
+NAME_RULES: tuple[tuple[str, Split], ...] = (
+    ("self_attention.linear_qkv.", Split.QKV),
+    ("word_embeddings.", Split.VOCAB),
+    ("output_layer.", Split.VOCAB),
+)
+"""How a dim-0 split lays its rows out where megatron's attributes cannot say (query groups, a vocabulary):
+a layer of a new kind adds a rule here."""
+
+
+def split_of(name: str, param: torch.Tensor) -> Split:
+    """The split read off a megatron-core parameter: `tensor_model_parallel` (absent or False:
+    replicated), `partition_dim` (1: row-parallel), `partition_stride` (2: the gate/up blocks of a gated
+    MLP), then NAME_RULES, else column-parallel."""
+    if not getattr(param, "tensor_model_parallel", False):
+        return Split.REPLICATED
+    if param.partition_dim == 1:
+        return Split.ROW
+    if getattr(param, "partition_stride", 1) == Split.GATE_UP.parts:
+        return Split.GATE_UP
+    return next((split for marker, split in NAME_RULES if marker in name), Split.COLUMN)
+
+
+def split_problems(metas: list[ParamMeta], params: Mapping[str, torch.Tensor]) -> list[Problem]:
+    """Where the split read off a held megatron parameter (an nn.Parameter; plain tensors carry no
+    attributes) is not the one planned: a layer the planner's metadata does not describe."""
+    planned = {m.name: m.split for m in metas}
+    problems = []
+    for name, param in params.items():
+        if name in planned and isinstance(param, torch.nn.Parameter):
+            found = split_of(name, param)
+            if found is not planned[name]:
+                problems.append(
+                    Problem(
+                        f"megatron's attributes say {found.value} (tensor_model_parallel="
+                        f"{getattr(param, 'tensor_model_parallel', None)}, partition_dim="
+                        f"{getattr(param, 'partition_dim', None)}, partition_stride="
+                        f"{getattr(param, 'partition_stride', None)}); the plan has {planned[name].value}",
+                        key=name,
+                    )
+                )
+    return problems
 
 
 def gpt_param_metas(

@@ -243,16 +243,21 @@ def _pieces(meta: ParamMeta, layout: ParallelLayout, offset: int, j: int, member
     """Pieces of training TP shard j (of the a merged into one generation shard) of a split parameter."""
     stream = stream_name(SPLIT, meta.dtype)
     shape = meta.shard_shape(layout.tensor)
-    if meta.split is Split.GATE_UP:
-        half = shape[0] // 2
-        gen_half = meta.shard_shape(layout.rollout_tensor)[0] // 2
-        piece_shape = (half, *shape[1:])
-        return [
-            Piece(stream, member, offset, piece_shape, 0, j * half),
-            Piece(stream, member, offset + _numel(piece_shape), piece_shape, 0, gen_half + j * half),
-        ]
-    dim = meta.split.dim
-    return [Piece(stream, member, offset, shape, dim, j * shape[dim])]
+    dim, parts = meta.split.dim, meta.split.parts
+    block = shape[dim] // parts  # one block's chunk in the training shard
+    gen_block = meta.shard_shape(layout.rollout_tensor)[dim] // parts
+    piece_shape = (*shape[:dim], block, *shape[dim + 1 :])
+    return [
+        Piece(
+            stream,
+            member,
+            offset + part * _numel(piece_shape),
+            piece_shape,
+            dim,
+            part * gen_block + j * block,
+        )
+        for part in range(parts)
+    ]
 
 
 def plan_rank(layout: ParallelLayout, metas: list[ParamMeta], rank: int, *, bucket_bytes: int) -> RankPlan:

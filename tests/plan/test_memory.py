@@ -200,6 +200,42 @@ def test_split_placement_takes_the_worst_pool():
     assert split.actor_update_peak == pytest.approx(colocated.actor_update_peak)
 
 
+def test_async_placement_plans_a_training_pool_and_a_rollout_pool():
+    overrides = {"algorithm.name": "ppo", "algorithm.kl_coef": 0.01}
+    colocated = predict(config(**overrides), host_bytes=24 * GIB)
+    async_2 = {"placement.kind": "async", "cluster.tasks_per_node": 2}
+    plan = predict(config(**overrides, **async_2), host_bytes=24 * GIB)
+    pools: dict[str, set[str]] = {}
+    for c in plan.device_components():
+        pools.setdefault(c.pool, set()).add(c.name)
+    assert set(pools) == {"train", "rollout"}
+    # the rollout pool holds the engine, the next version's back buffer and the KV cache; nothing trains
+    assert pools["rollout"] == {"rollout engine weights", "next weights (back buffer)", "KV cache"}
+    assert {"actor params", "critic params", "reference params"} <= pools["train"]
+    assert not any("engine" in name or "KV" in name or "reshard" in name for name in pools["train"])
+    by_name = {c.name: c for c in plan.components}
+    engine = by_name["rollout engine weights"]
+    assert engine.phase == PERSISTENT  # it generates while the training pool updates: never asleep
+    assert by_name["next weights (back buffer)"].bytes == engine.bytes == 76096 * 4
+    rollout = plan.phase_bytes("rollout")
+    train = plan.phase_bytes("train")
+    expected = max(
+        rollout.pop(PERSISTENT) + max(rollout.values()), train.pop(PERSISTENT) + max(train.values())
+    )
+    assert plan.device_peak == pytest.approx(expected)
+    assert plan.actor_update_peak == pytest.approx(colocated.actor_update_peak)
+    # two replicas of the rollout pool each decode half the batch
+    two = predict(
+        config(
+            **overrides,
+            **{"placement.kind": "async", "placement.rollout_pool_data": 2, "cluster.tasks_per_node": 3},
+        ),
+        host_bytes=24 * GIB,
+    )
+    kv = lambda p: next(c.bytes for c in p.components if c.name == "KV cache")  # noqa: E731
+    assert kv(two) == pytest.approx(kv(plan) / 2)
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     tensor=st.sampled_from([1, 2]),  # the default model has 2 kv heads
@@ -208,9 +244,9 @@ def test_split_placement_takes_the_worst_pool():
     micro=st.integers(1, 64),
     algorithm=st.sampled_from(["grpo", "ppo"]),
     kl=st.sampled_from([0.0, 0.01]),
-    split=st.booleans(),
+    kind=st.sampled_from(["colocated", "split", "async"]),
 )
-def test_plan_invariants(tensor, pipeline, data, micro, algorithm, kl, split):
+def test_plan_invariants(tensor, pipeline, data, micro, algorithm, kl, kind):
     from dataclasses import replace
 
     from hpcrl.experiment.config import ExperimentConfig
@@ -221,7 +257,7 @@ def test_plan_invariants(tensor, pipeline, data, micro, algorithm, kl, split):
         parallel=replace(base.parallel, tensor=tensor, pipeline=pipeline, data=data, rollout_tensor=1),
         optim=replace(base.optim, micro_batch_size=micro),
         algorithm=replace(base.algorithm, name=algorithm, kl_coef=kl),
-        placement=replace(base.placement, kind="split" if split else "colocated"),
+        placement=replace(base.placement, kind=kind),
     )
     plan = predict(cfg, host_bytes=24 * GIB)
     assert all(c.bytes >= 0 for c in plan.components)

@@ -9,7 +9,7 @@ import torch.distributed as dist
 from hpcrl.distributed.layout import ParallelLayout
 from hpcrl.reshard.convert import hf_shard_to_megatron, rollout_weights
 from hpcrl.reshard.engine import HybridEngine
-from hpcrl.reshard.params import gpt_param_metas
+from hpcrl.reshard.params import gpt_param_metas, split_of
 from hpcrl.reshard.planner import plan_rank
 from hpcrl.reshard.transport import CountingTransport, TorchTransport, make_groups
 from hpcrl.train import hf_convert
@@ -88,6 +88,7 @@ def logits_rank(rank: int, world_size: int) -> dict:
         make_groups(to_full, ("micro_data",)),
     )
     params = dict(named_global_params(model, cfg, groups))
+    splits = {name: split_of(name, param).value for name, param in params.items()}
     engine.attach(params)  # read in place at every transition: training updates what it reads
     before = {k: v.detach().clone() for k, v in params.items()}
     losses = _train(model, cfg, groups, steps=3)
@@ -135,4 +136,5 @@ def logits_rank(rank: int, world_size: int) -> dict:
         "inverse_ok": inverse_ok,
         "half_inverse_ok": half_inverse_ok,
         "half_received": half_engine.transport.total().bytes_received,
+        "splits": splits,
     }

@@ -38,6 +38,10 @@ def test_logits_of_hf_model_loaded_from_handed_off_shards_match_megatron():
             dim = 1 if name.rsplit(".", 2)[-2] in _DIM1 else 0
             assert torch.equal(torch.cat([halves[0][name], halves[1][name]], dim=dim), tensor), name
     assert [r["coords"][0] for r in results] == [0, 1]
+    # the split read off megatron's parameters (attributes + name rules) is the planner's, on every rank
+    planned = {m.name: m.split.value for m in gpt_param_metas(cfg, pipeline=1)}
+    assert results[0]["splits"] == results[1]["splits"] == planned
+    assert set(planned.values()) == {"vocab", "qkv", "row", "gate_up", "replicated"}
 
 
 @pytest.mark.parametrize(("heads", "groups", "t_g"), [(8, 2, 2), (8, 4, 4), (4, 4, 2), (6, 3, 3)])
