@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from hpcrl.ckpt.manifest import Manifest
 from hpcrl.ckpt.megatron import load_into_trainer, trainer_shards, trainer_specs
 from hpcrl.ckpt.shards import ShardedTensor, ShardSpec
-from hpcrl.data.cursor import DataCursor, PromptSampler
+from hpcrl.data.cursor import DataCursor
 
 if TYPE_CHECKING:
     import torch
@@ -72,10 +72,19 @@ class TrainerStates:
             trainer.load_scaler_state((saved or {}).get(prefix, {}))
 
 
+class Sampler(Protocol):
+    """Rows and a cursor into them, made from the two (PromptSampler; the async mirror of one)."""
+
+    rows: Any
+    cursor: DataCursor
+
+    def __init__(self, rows: Any, cursor: DataCursor) -> None: ...
+
+
 class SamplerOwner(Protocol):
     """The object whose `sampler` walks the training data (the RL or DPO driver); resume replaces it."""
 
-    sampler: PromptSampler
+    sampler: Sampler
 
 
 class DataCursorState:
@@ -99,4 +108,7 @@ class DataCursorState:
         return []
 
     def restore(self, step: int, saved: dict[str, Any] | None, tensors: dict[str, torch.Tensor]) -> None:
-        self.owner.sampler = PromptSampler(self.owner.sampler.rows, DataCursor.from_dict(saved or {}))
+        """The owner's sampler, of its own kind (a PromptSampler, or the async training pool's mirror of
+        the rollout pool's position), over the same rows at the saved position."""
+        sampler = self.owner.sampler
+        self.owner.sampler = type(sampler)(sampler.rows, DataCursor.from_dict(saved or {}))
