@@ -41,7 +41,7 @@ from hpcrl.rl.learner import Learner, Models
 from hpcrl.rl.workers import ActorWorker, Pool, RolloutWorker, Shards, TrainerWorker
 from hpcrl.rollout.base import SamplingParams
 from hpcrl.rollout.engine_rule import ENGINES, EngineFacts, resolve_engine
-from hpcrl.stages.stateful import Stateful
+from hpcrl.stages.stateful import DataCursorState, Stateful
 from hpcrl.train.model import build_generation_groups, build_train_groups, named_global_params
 from hpcrl.train.trainer import build_policy_trainer, build_value_trainer
 
@@ -130,7 +130,8 @@ class Job:
     trainers: dict[str, Trainer] = field(default_factory=dict)
     """The trainers checkpointed on this rank, by prefix (hpcrl.rl.learner.Models.trainers)."""
     states: list[Stateful] = field(default_factory=list)
-    """Checkpointed state beyond the trainers and the data cursor (hpcrl.stages.stateful)."""
+    """Checkpointed state beyond the trainers: the data cursor first, then the placement's own
+    (hpcrl.stages.stateful)."""
     close: Callable[[bool], None] = field(default=lambda wait: None)
     """Stops what the job runs in the background (the async rollout's receive thread); the argument says
     whether to wait for work in flight (a run that ended well) or not (a failed one)."""
@@ -180,14 +181,15 @@ def _pooled_job(i: JobInputs) -> Job:
     actor_groups, model_groups = _pool_groups(i.cfg, pools)
     actor, rollout = _build_actor_and_rollout(i.cfg, i.tokenizer, pools.actor, actor_groups, i.rank, i.world)
     models = Models(actor, *_build_model_pool(i.cfg, pools.models, model_groups))
-    driver = RLDriver(i.collector(rollout), i.learner(models), actor.sync_weights, i.cfg.algorithm.eval_every)
-    return Job(driver=driver, logger=i.logger(), trainers=models.trainers())
+    collector = i.collector(rollout)
+    driver = RLDriver(collector, i.learner(models), actor.sync_weights, i.cfg.algorithm.eval_every)
+    return Job(driver, i.logger(), trainers=models.trainers(), states=[DataCursorState(collector)])
 
 
 def _async_job(i: JobInputs) -> Job:
     """The training pool's or the rollout pool's side of the async placement (hpcrl.rl.async_placement)."""
     driver = build_async_driver(i.cfg, i.rank, i.tokenizer, rollout_engine_for(i.cfg), i)
-    return Job(driver, i.logger(), trainers=driver.trainers(), states=[driver], close=driver.close)
+    return Job(driver, i.logger(), driver.trainers(), [driver.data_cursor(), driver], close=driver.close)
 
 
 _JOBS: dict[str, Callable[[JobInputs], Job]] = {

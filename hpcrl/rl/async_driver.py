@@ -51,6 +51,7 @@ from hpcrl.rl.async_weights import DoubleBufferedWeights, WeightSender
 from hpcrl.rl.collector import Collector, RolloutBatch
 from hpcrl.rl.learner import Learner
 from hpcrl.rl.timing import PhaseTimer, timing_metrics
+from hpcrl.stages.stateful import DataCursorState
 
 if TYPE_CHECKING:
     from hpcrl.train.trainer import Trainer
@@ -141,6 +142,10 @@ class AsyncTrainDriver:
     def trainers(self) -> dict[str, Trainer]:
         """The trainers checkpointed on this rank, by prefix."""
         return self.learner.models.trainers()
+
+    def data_cursor(self) -> DataCursorState:
+        """The rollout pool's data position as this pool last heard it: what rank 0 saves."""
+        return DataCursorState(self)
 
     def _start(self, step: int) -> None:
         """First step (or final evaluation) of this process: the rollout pool gets this version."""
@@ -242,18 +247,13 @@ class AsyncRolloutDriver:
         self.state = AsyncState(max_off_policy_steps)
         self.eval_every = eval_every
 
-    @property
-    def sampler(self):
-        """The data sampler the rollout pool draws prompts from (the checkpoint restores its cursor)."""
-        return self.collector.sampler
-
-    @sampler.setter
-    def sampler(self, sampler) -> None:
-        self.collector.sampler = sampler
-
     def trainers(self) -> dict[str, Trainer]:
         """None on the rollout pool: its engine receives the weights every step."""
         return {}
+
+    def data_cursor(self) -> DataCursorState:
+        """The collector's sampler, which this pool draws prompts from."""
+        return DataCursorState(self.collector)
 
     def _start(self, step: int) -> None:
         if self.state.started is None:
@@ -301,7 +301,7 @@ class AsyncRolloutDriver:
         busy = sum(timer.seconds.values())
         timer.seconds.clear()  # the next message of this step counts its own work
         if self.channel is not None:
-            self.channel.send(RolloutMessage(batches, self.sampler.cursor.to_dict(), heldout, busy))
+            self.channel.send(RolloutMessage(batches, self.collector.sampler.cursor.to_dict(), heldout, busy))
         return len(batches)
 
     def final_evaluation(self, step: int) -> dict[str, float]:
@@ -312,7 +312,9 @@ class AsyncRolloutDriver:
         heldout = self.collector.evaluate(step)
         if self.channel is not None:
             self.channel.send(
-                RolloutMessage([], self.sampler.cursor.to_dict(), heldout, timer.seconds.get("swap", 0.0))
+                RolloutMessage(
+                    [], self.collector.sampler.cursor.to_dict(), heldout, timer.seconds.get("swap", 0.0)
+                )
             )
         return {"step": step, "reward/heldout": heldout}
 

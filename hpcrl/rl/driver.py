@@ -31,15 +31,6 @@ class RLDriver:
         self.collector, self.learner, self.weight_sync = collector, learner, weight_sync
         self.eval_every = eval_every
 
-    @property
-    def sampler(self):
-        """The data sampler (its cursor is checkpointed: hpcrl.stages.stateful.DataCursorState)."""
-        return self.collector.sampler
-
-    @sampler.setter
-    def sampler(self, sampler) -> None:
-        self.collector.sampler = sampler
-
     def step(self, step: int) -> dict[str, float]:
         timer = PhaseTimer()
         metrics: dict[str, float] = {"step": step}

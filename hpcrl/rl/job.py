@@ -23,7 +23,6 @@ from hpcrl.rl.assemble import build_job, placement_problems, rollout_engine_prob
 from hpcrl.rollout.engine_rule import EngineFacts
 from hpcrl.stages.loop import run_steps
 from hpcrl.stages.rank import enter_rank, step_sleep_s
-from hpcrl.stages.stateful import DataCursorState
 
 if TYPE_CHECKING:
     pass
@@ -78,7 +77,7 @@ def main(cfg: ExperimentConfig, run_dir: Path, lifecycle: Lifecycle | None = Non
     start = time.perf_counter()
     job = build_job(cfg, run_dir, rank, world)
     final = job.driver.final_evaluation if cfg.algorithm.eval_every else None
-    parts = (job.trainers, [DataCursorState(job.driver), *job.states])
+    parts = (job.trainers, job.states)
     try:
         last, plot = run_steps(
             cfg, run_dir, parts, job.logger, job.driver.step, final, start,

@@ -14,6 +14,7 @@ from hpcrl.data.cursor import DataCursor, PromptSampler
 from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.stages.checkpointing import StageCheckpointing
 from hpcrl.stages.stateful import DataCursorState
+from tests.stages._sampling import cursor_after
 
 
 @pytest.fixture(autouse=True)
@@ -44,10 +45,7 @@ def _job(run_dir, until: int) -> int:
 
 
 def _cursor_after(steps: int) -> dict:
-    sampler = PromptSampler(list(range(10)), DataCursor(seed=5))
-    for _ in range(steps):
-        sampler.next_batch(3)
-    return sampler.cursor.to_dict()
+    return cursor_after(steps, seed=5, batch=3)
 
 
 def _torn_manifest(root):

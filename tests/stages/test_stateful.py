@@ -18,6 +18,7 @@ from hpcrl.data.cursor import DataCursor, PromptSampler
 from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.stages.checkpointing import StageCheckpointing
 from hpcrl.stages.stateful import DataCursorState
+from tests.stages._sampling import cursor_after
 
 
 @pytest.fixture(autouse=True)
@@ -91,10 +92,7 @@ def test_a_registered_stateful_is_saved_and_restored_with_its_tensors(tmp_path):
 
 
 def first_cursor_after(steps: int) -> dict:
-    sampler = PromptSampler(list(range(10)), DataCursor(seed=3))
-    for _ in range(steps):
-        sampler.next_batch(2)
-    return sampler.cursor.to_dict()
+    return cursor_after(steps, seed=3, batch=2)
 
 
 def test_the_data_cursor_keeps_its_own_field_and_the_rest_goes_to_algorithm_state(tmp_path):
