@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "submit": "hpcrl.cli.submit",
     "run": "hpcrl.cli.run",
     "status": "hpcrl.cli.status",
+    "compare": "hpcrl.cli.compare",
     "logs": "hpcrl.cli.logs",
     "cancel": "hpcrl.cli.cancel",
     "resume": "hpcrl.cli.resume",
@@ -49,6 +50,7 @@ typical use:
   hpcrl submit T.yaml --dry-run     write the configs and show the exact sbatch script(s)
   hpcrl submit T.yaml               submit the array job(s); prints the sweep directory
   hpcrl status SWEEP_DIR            the state of every element; then logs, cancel, resume
+  hpcrl compare SWEEP_DIR           the elements side by side: report.md + overlaid curves
   hpcrl run T.yaml [--index N]      run one config here, in the foreground
 
 Any config key is set with --<dotted.key> VALUE (e.g. --optim.lr 1e-5); every key with its type,

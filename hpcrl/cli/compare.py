@@ -1,0 +1,41 @@
+"""`hpcrl compare SWEEP [--metric M] [--by KEY] [--out DIR]`: a sweep's elements side by side.
+
+Writes report.md (a row per element: swept values, state, last step, final and best value of the metric;
+then each group's final value as mean and range) and curves.png (the metric against the step, one colour
+per group, seeds as a mean with a min..max band) to DIR, default SWEEP/compare (hpcrl.launcher.compare).
+Exit 0; 1 when no element has logged the metric yet; 2 for a bad sweep, key or output directory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from hpcrl.errors import printable
+from hpcrl.launcher.compare import compare, write_report
+from hpcrl.launcher.manifest import load_manifest
+
+HELP = "Compare a sweep's elements: a markdown report and overlaid curves of one metric."
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("sweep", help="Sweep directory (printed by submit).")
+    parser.add_argument("--metric", type=str, default="reward/heldout", help="Metric to compare.")
+    parser.add_argument(
+        "--by", type=Optional[str], default=None, help="Swept key to group by (default: the first but seed)."
+    )
+    parser.add_argument(
+        "--out", type=Optional[str], default=None, help="Output directory (default: SWEEP/compare)."
+    )
+
+
+def main(args) -> int:
+    manifest = load_manifest(args.sweep)
+    comparison = compare(manifest, args.metric, args.by)
+    out = Path(args.out) if args.out is not None else Path(manifest.sweep_dir) / "compare"
+    report, plot = write_report(comparison, out)
+    read = sum(1 for c in comparison.curves if c.values)
+    print(f"[compare] {read}/{len(comparison.curves)} element(s) logged {printable(args.metric)} -> {report}")
+    if plot is not None:
+        print(f"[compare] plot {plot}")
+    return 0 if read else 1
