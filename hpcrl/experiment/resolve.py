@@ -33,6 +33,7 @@ from hpcrl.config.schema import (
     flatten,
     get_dotted,
     leaf_types,
+    set_dotted,
     to_dict,
     with_values,
 )
@@ -44,6 +45,8 @@ from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.experiment.elements import ElementMaker, Elements, ResolvedConfig, config_id
 from hpcrl.experiment.rules import check_rules
 from hpcrl.progress import Track, untracked
+from hpcrl.rewards.function import KEY as REWARD_FUNCTION
+from hpcrl.rewards.function import absolute_spec
 
 __all__ = ["ResolvedConfig", "Sweep", "config_id", "element_problems", "resolve"]
 
@@ -86,6 +89,7 @@ def resolve(
         lambda key: "it is set on the command line" if key in overrides else None,
     )
     problems += sweep_problems
+    _anchor_paths(base, plan, template)
     profile, profile_problems = _profile(base, template, from_command_line=PROFILE_KEY in overrides)
     problems += profile_problems
     if profile:
@@ -103,6 +107,29 @@ def resolve(
         elements=Elements(maker, plan, ids),
         plan=plan,
     )
+
+
+RELATIVE_TO_TEMPLATE = {REWARD_FUNCTION: absolute_spec}
+"""Keys whose relative file paths mean the directory of the file that sets them (the template, the
+sweep's file; the working directory for the command line), made absolute here so that every rank and
+every resume reads the same file."""
+
+
+def _anchor_paths(base: dict[str, Any], plan: SweepPlan | None, template: Template) -> None:
+    for key, anchor in RELATIVE_TO_TEMPLATE.items():
+        value = get_dotted(base, key, None)
+        if isinstance(value, str):
+            origin = template.origin_of(key)
+            where = Path.cwd() if origin == COMMAND_LINE else Path(origin).parent
+            set_dotted(base, key, anchor(value, where))
+        if plan is not None and key in plan.keys:
+            where = Path(template.sweep_file).parent if template.sweep_file else Path.cwd()
+            for axis in (plan.grid, plan.zip):
+                if key in axis:
+                    axis[key] = [anchor(v, where) if isinstance(v, str) else v for v in axis[key]]
+            for point in plan.points:
+                if isinstance(point.get(key), str):
+                    point[key] = anchor(point[key], where)
 
 
 class _Failures:

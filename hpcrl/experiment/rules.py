@@ -16,6 +16,7 @@ from hpcrl.distributed.layout import ModelDims, ParallelLayout, model_problems
 from hpcrl.distributed.placement import placement_of
 from hpcrl.errors import ConfigError, Problem, short
 from hpcrl.experiment.config import ExperimentConfig
+from hpcrl.rewards.function import function_problems
 from hpcrl.rollout.engine_rule import EngineFacts, resolve_engine
 from hpcrl.train.config import ModelConfig
 from hpcrl.train.hf_config import ModelDimsUnavailable, with_hf_architecture
@@ -283,6 +284,15 @@ def _required_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
     out = []
     if cfg.data.source != "builtin" and not cfg.data.path:
         out.append(("data.path", f"missing required field (data.source={cfg.data.source!r} reads a file)"))
+    if cfg.reward.function is not None:
+        if cfg.reward.name != "task":
+            out.append(("reward.name", "reward.function replaces reward.name: set one of them"))
+        for problem in function_problems(cfg.reward.function):
+            out.append(
+                (problem.key, f"{problem.file}: {problem.message}" if problem.file else problem.message)
+            )
+    if not cfg.reward.timeout_s > 0:
+        out.append(("reward.timeout_s", f"must be > 0, got {cfg.reward.timeout_s}"))
     if cfg.reward.name == "model" and not cfg.reward.model_path:
         out.append(
             ("reward.model_path", "missing required field (reward.name='model' needs a model directory)")

@@ -106,6 +106,8 @@ class Manifest:
     """One record per array job: job_id, indices, the sbatch script sent, and for a resume its
     `overrides` (the cluster keys changed for those elements)."""
     overrides: dict[str, Any] = field(default_factory=dict)
+    code: dict[str, str] = field(default_factory=dict)
+    """User code the elements name (reward.function spec -> sha256 of its source at submit)."""
     version: int = VERSION
 
     @property
@@ -199,6 +201,7 @@ TOP_TYPES: dict[str, tuple[type, ...]] = {
     "entries": (list,),
     "arrays": (list,),
     "overrides": (dict,),
+    "code": (dict,),
     "version": (int,),
 }
 TOP_REQUIRED = ("sweep_dir", "template", "name", "executor", "created", "keys", "entries")
@@ -231,6 +234,8 @@ def manifest_from_json(data: Any, file: str) -> Manifest:
         raise _refuse(file, "executor", f"must be one of {', '.join(EXECUTORS)}")
     if data.get("version", VERSION) != VERSION:
         raise _refuse(file, "version", f"must be {VERSION} (a manifest of another hpcrl version)")
+    if any(type(v) is not str for v in data.get("code", {}).values()):
+        raise _refuse(file, "code", "must map each reward function to its sha256 (strings)")
     if any(type(k) is not str for k in data["keys"]):
         raise _refuse(file, "keys", "must be a list of dotted keys (strings)")
     arrays = data.get("arrays", [])

@@ -44,6 +44,7 @@ from hpcrl.launcher.manifest import (
     load_manifest,
 )
 from hpcrl.progress import Track, untracked
+from hpcrl.rewards.function import source_sha256
 
 SLURM_DIR = "slurm"
 SBATCH_DIR = "sbatch"
@@ -237,10 +238,12 @@ def prepare(
     folder = sweep_dir / DRY_RUN_CONFIGS
     if dry_run:
         folder.mkdir(exist_ok=True)
-    entries = []
+    entries, code = [], {}
     refused: list[Problem] = []
     for e in track(sweep.elements, len(sweep.elements), "writing configs"):
         run_dir = e.run_dir
+        if (spec := e.config.reward.function) and spec not in code:  # user code: its digest at submit
+            code[spec] = source_sha256(spec) or "unreadable"
         # A run dir's config.yaml that is not this element's is refused: all of them, then stop.
         try:
             config_path = write_dry_run_config(e, folder) if dry_run else write_config(e, run_dir)
@@ -268,6 +271,7 @@ def prepare(
         keys=sweep.keys,
         entries=entries,
         overrides=overrides or {},
+        code=code,
     )
     manifest.save()
     return manifest

@@ -199,6 +199,7 @@ def _batch_overrides(cfg: ExperimentConfig, steps: int) -> dict[str, Any]:
         "data.max_prompt_length": 8,
         "reward.name": "task",
         "reward.model_path": None,
+        "reward.function": None,  # the rehearsal's task has its own rule (a user's reward reads other data)
         "checkpoint.every_steps": steps - 1,
         "checkpoint.dir": None,
         "checkpoint.resume": "auto",

@@ -13,5 +13,12 @@ class RewardConfig:
     """Registry key: task (the built-in task's own rule), exact_match, gsm8k (number after ####), format, model."""
     model_path: str | None = None
     """HF sequence-classification model directory, for name=model."""
+    function: str | None = None
+    """A reward of your own, replacing `name`: 'path/to/file.py:function' (relative to the template that
+    sets it) or 'package.module:function', called per batch as function(prompts, responses, answers,
+    extras) -> one number, or one dict with a number under 'score' (its other numbers are logged as
+    reward_fn/<key>), per response (hpcrl.rewards.function). Checked at expand without running it."""
+    timeout_s: float = 60.0
+    """reward.function: seconds one call may take; a slower call fails its batch (nan_policy decides)."""
     nan_policy: str = "error"
     """What a NaN / raising reward does: error (stop) or skip (drop the sample, counted and logged)."""

@@ -10,13 +10,14 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from hpcrl.data.config import DataConfig
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.rewards.config import RewardConfig
+from hpcrl.rewards.function import FunctionScorer
 from hpcrl.rewards.reward_model import RewardModelScorer
 from hpcrl.rewards.rules import RULES, task_rule
 
@@ -39,6 +40,8 @@ class RewardResult:
     """False for skipped samples."""
     num_skipped: int
     reasons: list[str]
+    extras: dict[str, float] = field(default_factory=dict)
+    """Means of the extra numbers a reward function returned beside each score (logged as reward_fn/<key>)."""
 
 
 def rule_batch_scorer(rule: Callable[[str, str, str], float]) -> BatchScorer:
@@ -64,6 +67,10 @@ def build_scorer(reward: RewardConfig, data: DataConfig) -> BatchScorer:
         problems.append(
             Problem(f"{reward.nan_policy!r} is not one of {NAN_POLICIES}", key="reward.nan_policy")
         )
+    if reward.function is not None:
+        if problems:
+            raise ConfigError(problems)
+        return FunctionScorer(reward.function, reward.timeout_s)
     if reward.name == "model":
         if reward.model_path is None:
             problems.append(Problem("name=model needs a model_path", key="reward.model_path"))
@@ -102,7 +109,7 @@ def score_batch(
         raised = isinstance(value, Exception)
         bad = raised or not math.isfinite(value)
         if bad:
-            cause = f"raised {value!r}" if raised else f"returned {value}"
+            cause = f"raised {type(value).__name__}: {value}" if raised else f"returned {value}"
             reason = f"sample {i} (response {responses[i][:40]!r}): reward {_name(scorer)} {cause}"
             if nan_policy == "error":
                 raise RewardError(reason + " (reward.nan_policy=error; use skip to drop such samples)")
@@ -110,7 +117,9 @@ def score_batch(
             log.warning("skipping %s", reason)
         keep.append(not bad)
         scores.append(0.0 if bad else float(value))
-    return RewardResult(torch.tensor(scores, dtype=torch.float32), torch.tensor(keep), len(reasons), reasons)
+    extras = dict(getattr(scorer, "last_extras", {}))
+    scores_B = torch.tensor(scores, dtype=torch.float32)
+    return RewardResult(scores_B, torch.tensor(keep), len(reasons), reasons, extras)
 
 
 def _name(scorer: BatchScorer) -> str:

@@ -94,8 +94,9 @@ class Collector:
         algo, parts, sampled, kept_groups = self.algo, [], [], 0
         metrics: dict[str, float] = {}
         for attempt in range(algo.max_gen_batches if algo.dynamic_sampling else 1):
-            exp, skipped = self._rollout_batch(index, attempt, timer)
+            exp, skipped, extras = self._rollout_batch(index, attempt, timer)
             metrics["reward/skipped"] = metrics.get("reward/skipped", 0.0) + skipped
+            metrics |= {f"reward_fn/{key}": value for key, value in extras.items()}  # the last batch's
             sampled.append(exp.scores_B)
             if algo.dynamic_sampling:
                 exp = exp.select(informative_groups(exp.scores_B, exp.group_ids_B))
@@ -125,9 +126,12 @@ class Collector:
         exp.responses = self._decode(gen.response_ids_BT, gen.response_mask_BT)
         return exp
 
-    def _rollout_batch(self, step: int, attempt: int, timer: PhaseTimer) -> tuple[Experience, int]:
+    def _rollout_batch(
+        self, step: int, attempt: int, timer: PhaseTimer
+    ) -> tuple[Experience, int, dict[str, float]]:
         """Sample and score one batch of prompts_per_step prompts x k samples (rows whose reward was
-        skipped are dropped). Group ids are unique across a step's batches."""
+        skipped are dropped). Group ids are unique across a step's batches. Returns the experience, the
+        skipped count and the reward function's extra numbers."""
         prompts = self.sampler.next_batch(self.algo.prompts_per_step)
         examples = [e for e in prompts for _ in range(self.k)]
         # attempt 0 keeps the seed of a step without dynamic sampling; later batches draw fresh rows
@@ -142,7 +146,7 @@ class Collector:
             if baseline_B is not None:
                 exp.tensors["baseline_B"] = baseline_B.repeat_interleave(self.k)
             exp = exp.select(result.keep_B) if result.num_skipped else exp
-        return exp, result.num_skipped
+        return exp, result.num_skipped, result.extras
 
     def _greedy_baseline(self, prompts: list[Example], step: int) -> torch.Tensor:
         exp = self.generate_scored(prompts, self.sampling.greedy(), seed=step)

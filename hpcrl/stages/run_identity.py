@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -32,6 +33,10 @@ from typing import Any
 from hpcrl.config.schema import flatten, to_dict
 from hpcrl.config.yaml_io import atomic_write, canonical_json
 from hpcrl.errors import ConfigError, Problem
+from hpcrl.rewards.function import KEY as FUNCTION_KEY
+from hpcrl.rewards.function import source_sha256
+
+log = logging.getLogger(__name__)
 
 RUN_FILE = "run.json"
 FINGERPRINT_LENGTH = 12
@@ -51,6 +56,8 @@ class RunIdentity:
     """UTC time of the run's first start (ISO 8601)."""
     config: dict[str, Any] = field(default_factory=dict)
     """The fingerprinted config leaves (dotted keys), so a refusal can say which keys differ."""
+    code: dict[str, str] = field(default_factory=dict)
+    """Code the config names, by key: 'spec sha256=<hex>' of its source (reward.function)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -82,7 +89,13 @@ def new_identity(cfg: Any) -> RunIdentity:
     fp = fingerprint(config)
     now = time.gmtime()
     run_id = f"{fp}-{time.strftime('%Y%m%dT%H%M%SZ', now)}-{os.urandom(2).hex()}"
-    return RunIdentity(run_id, fp, time.strftime("%Y-%m-%dT%H:%M:%SZ", now), config)
+    return RunIdentity(run_id, fp, time.strftime("%Y-%m-%dT%H:%M:%SZ", now), config, code_digests(cfg))
+
+
+def code_digests(cfg: Any) -> dict[str, str]:
+    """'spec sha256=<hex>' of every piece of user code the config names (reward.function)."""
+    spec = cfg.reward.function
+    return {FUNCTION_KEY: f"{spec} sha256={source_sha256(spec)}"} if spec else {}
 
 
 def load_or_create(run_dir: Path, cfg: Any) -> RunIdentity:
@@ -105,14 +118,22 @@ def load_or_create(run_dir: Path, cfg: Any) -> RunIdentity:
                 file=str(path),
             )
         )
+    code = code_digests(cfg)
+    if code != saved.code:
+        log.warning("%s: the code this run names changed since it started: %s -> %s", path, saved.code, code)
     return saved
 
 
 def _read(path: Path) -> RunIdentity:
     try:
         data = json.loads(path.read_text())
+        code = {str(k): str(v) for k, v in dict(data.get("code", {})).items()}
         return RunIdentity(
-            str(data["run_id"]), str(data["fingerprint"]), str(data["created"]), dict(data.get("config", {}))
+            str(data["run_id"]),
+            str(data["fingerprint"]),
+            str(data["created"]),
+            dict(data.get("config", {})),
+            code,
         )
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise ConfigError(Problem(f"unreadable run identity: {err!r}", file=str(path))) from None

@@ -1,0 +1,214 @@
+"""A reward of the user's own: `reward.function: path/to/file.py:name` or `package.module:name`.
+
+The function is called once per batch (verl's and OpenRLHF's custom reward convention):
+
+    def name(prompts: list[str], responses: list[str], answers: list[str], extras: list[dict]) -> list
+
+and returns one entry per response: a number, or a dict with a number under `score` and more numbers
+under other keys (their means over the batch are logged as `reward_fn/<key>`). `extras` holds one dict per
+sample (empty today; per-row fields of richer data sources go there).
+
+It is code, like `entrypoint`: `function_problems` checks it at `expand` WITHOUT running it (the file
+exists, is a regular UTF-8 file of at most MAX_SOURCE_BYTES, parses, defines `name` at top level with a
+signature that takes the four arguments; a module is found on sys.path without importing it), and only
+the ranks import it. A file path is relative to the template that sets it (hpcrl.experiment.resolve
+makes it absolute). Its sha256 is recorded in the run's run.json and in the sweep manifest.
+
+At run time (FunctionScorer) a call that raises, runs past `reward.timeout_s`, returns the wrong count or
+a non-number is a failure of every sample of the batch, and a non-finite score a failure of its sample:
+`reward.nan_policy` decides (error: stop, naming the function and the sample; skip: drop them).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib
+import importlib.machinery
+import importlib.util
+import math
+import re
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hpcrl.config.safe_read import read_capped
+from hpcrl.errors import Problem, cut, short
+
+KEY = "reward.function"
+MAX_SOURCE_BYTES = 1 << 20
+"""A reward file larger than 1 MiB is not a reward function."""
+ARGUMENTS = ("prompts", "responses", "answers", "extras")
+MAX_KEY_CHARS = 64
+"""An extra number's key is logged as reward_fn/<key>, printable and at most this long."""
+_IDENTIFIER = r"[A-Za-z_]\w*"
+_MODULE_SPEC = re.compile(rf"{_IDENTIFIER}(?:\.{_IDENTIFIER})*:{_IDENTIFIER}", re.ASCII)
+_FILE_SPEC = re.compile(rf"(?P<path>[^\x00]+\.py):(?P<name>{_IDENTIFIER})", re.ASCII)
+
+
+@dataclass(frozen=True)
+class FunctionSpec:
+    """Where a reward function lives: a file (`path` set) or an importable module (`module` set)."""
+
+    name: str
+    path: str | None = None
+    module: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> FunctionSpec:
+        """ValueError saying the expected forms when `text` is neither."""
+        if match := _FILE_SPEC.fullmatch(text):
+            return cls(match["name"], path=match["path"])
+        if _MODULE_SPEC.fullmatch(text):
+            module, name = text.split(":")
+            return cls(name, module=module)
+        raise ValueError(
+            f"expected 'path/to/file.py:function' or 'package.module:function', got {short(text)}"
+        )
+
+    def __str__(self) -> str:
+        return f"{self.path or self.module}:{self.name}"
+
+
+def absolute_spec(text: str, base_dir: Path) -> str:
+    """`text` with a relative file path made absolute against `base_dir` (the template's directory);
+    anything else unchanged (a bad spec is reported by `function_problems`)."""
+    try:
+        spec = FunctionSpec.parse(text)
+    except ValueError:
+        return text
+    if spec.path is None or Path(spec.path).is_absolute():
+        return text
+    return f"{(base_dir / spec.path).absolute()}:{spec.name}"
+
+
+def function_problems(text: str) -> list[Problem]:
+    """Why `text` cannot name a reward function (see the module docstring); nothing is executed."""
+    try:
+        spec = FunctionSpec.parse(text)
+    except ValueError as err:
+        return [Problem(str(err), key=KEY)]
+    source = spec.path if spec.path is not None else _module_file(spec.module)
+    if source is None:
+        return [
+            Problem(f"module {spec.module!r} is not found on the Python path (nothing imported)", key=KEY)
+        ]
+    try:
+        raw = read_capped(source, MAX_SOURCE_BYTES)
+        tree = ast.parse(raw.decode("utf-8"), filename=str(source))
+    except (OSError, ValueError, SyntaxError, RecursionError, MemoryError) as err:
+        why = getattr(err, "strerror", None) or getattr(err, "msg", None) or err
+        return [Problem(f"cannot read the reward function's source: {why}", file=str(source), key=KEY)]
+    return [Problem(p, file=str(source), key=KEY) for p in _definition_problems(tree, spec.name)]
+
+
+def _module_file(module: str) -> str | None:
+    """The source file of `module`, found like an import finds it, without running any package code."""
+    locations = None
+    found = None
+    for part in module.split("."):
+        found = importlib.machinery.PathFinder.find_spec(part, locations)
+        if found is None:
+            return None
+        locations = found.submodule_search_locations
+    return found.origin if found is not None and found.has_location else None
+
+
+def _definition_problems(tree: ast.Module, name: str) -> list[str]:
+    defs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name]
+    if not defs:
+        return [f"defines no top-level function {name!r} (a plain `def`)"]
+    args = defs[-1].args
+    positional = [*args.posonlyargs, *args.args]
+    required = len(positional) - len(args.defaults) + sum(d is None for d in args.kw_defaults)
+    if (len(positional) < len(ARGUMENTS) and args.vararg is None) or required > len(ARGUMENTS):
+        return [
+            f"{name}({', '.join(a.arg for a in positional)}) cannot be called as "
+            f"{name}({', '.join(ARGUMENTS)}): it must take these four positional arguments"
+        ]
+    return []
+
+
+def source_sha256(text: str) -> str | None:
+    """sha256 of the function's source file (None when it cannot be read or found)."""
+    try:
+        spec = FunctionSpec.parse(text)
+        source = spec.path if spec.path is not None else _module_file(spec.module)
+        return hashlib.sha256(read_capped(source, MAX_SOURCE_BYTES)).hexdigest() if source else None
+    except (OSError, ValueError):
+        return None
+
+
+def load_function(text: str) -> Callable[..., Any]:
+    """Import the function (on a rank): a file as a module of its own name-spaced by its path."""
+    spec = FunctionSpec.parse(text)
+    if spec.module is not None:
+        return getattr(importlib.import_module(spec.module), spec.name)
+    digest = hashlib.sha256(spec.path.encode()).hexdigest()[:12]
+    loader_spec = importlib.util.spec_from_file_location(f"hpcrl_reward_{digest}", spec.path)
+    module = importlib.util.module_from_spec(loader_spec)
+    loader_spec.loader.exec_module(module)
+    return getattr(module, spec.name)
+
+
+class FunctionScorer:
+    """A BatchScorer over a user function: scores (or an Exception per failed sample) and the extra
+    numbers of dict results, averaged over the batch (`last_extras`)."""
+
+    def __init__(self, text: str, timeout_s: float):
+        self.__name__ = text
+        self.fn = load_function(text)
+        self.timeout_s = timeout_s
+        self.last_extras: dict[str, float] = {}
+
+    def __call__(
+        self, prompts: Sequence[str], responses: Sequence[str], answers: Sequence[str]
+    ) -> list[float | Exception]:
+        self.last_extras = {}
+        n = len(responses)
+        try:
+            values = self._call_with_timeout(
+                list(prompts), list(responses), list(answers), [{} for _ in range(n)]
+            )
+        except Exception as err:  # the user's code may raise anything: every sample failed with it
+            return [err] * n
+        if not isinstance(values, Sequence) or isinstance(values, str | bytes) or len(values) != n:
+            count = len(values) if isinstance(values, Sequence) else type(values).__name__
+            return [ValueError(f"returned {count} results for {n} responses")] * n
+        scores, extras = [], {}
+        for value in values:
+            score = value.get("score") if isinstance(value, dict) else value
+            if type(score) not in (int, float):
+                scores.append(
+                    TypeError(f"returned {short(repr(value))}, not a number or a dict with 'score'")
+                )
+                continue
+            scores.append(float(score))
+            for key, extra in value.items() if isinstance(value, dict) else ():
+                if key != "score" and type(extra) in (int, float) and math.isfinite(extra):
+                    extras.setdefault(cut(str(key), MAX_KEY_CHARS), []).append(float(extra))
+        self.last_extras = {key: sum(v) / len(v) for key, v in extras.items()}
+        return scores
+
+    def _call_with_timeout(self, *args):
+        """The call in a daemon thread: past timeout_s it is abandoned (a Python thread cannot be killed;
+        a hung reward keeps its thread, and the run goes on or stops by nan_policy)."""
+        box: dict[str, Any] = {}
+
+        def call() -> None:
+            try:
+                box["value"] = self.fn(*args)
+            except BaseException as err:  # noqa: BLE001 - handed to the caller's policy
+                box["error"] = err
+
+        worker = threading.Thread(target=call, name="hpcrl-reward-function", daemon=True)
+        worker.start()
+        worker.join(self.timeout_s)
+        if worker.is_alive():
+            raise TimeoutError(f"did not return within reward.timeout_s={self.timeout_s:g} s")
+        if "error" in box:
+            error = box["error"]
+            raise error if isinstance(error, Exception) else RuntimeError(repr(error))
+        return box["value"]
