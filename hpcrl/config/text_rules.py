@@ -32,6 +32,7 @@ PATH_KEYS = frozenset(
         "model.hf_path",
         "data.path",
         "reward.model_path",
+        "reward.function",
         "checkpoint.dir",
         "checkpoint.resume_from",
         "cluster.profile",

@@ -155,3 +155,11 @@ def test_a_non_finite_score_fails_only_its_sample(tmp_path):
     assert result.extras == {"x": 1.0}
     with pytest.raises(RewardError, match="sample 0.*returned nan"):
         score_batch(scorer, PROMPTS, RESPONSES, ANSWERS, "error")
+
+
+@pytest.mark.parametrize("spec", ["mine\n.py:digits", "mine\x1b[2J.py:digits", "a" * 2000 + ".py:digits"])
+def test_control_characters_and_overlong_paths_are_refused_by_the_path_rule(tmp_path, capsys, spec):
+    template = tmp_path / "t.yaml"
+    template.write_text(f"extends: {GRPO}\nrun_root: {tmp_path / 'runs'}\n")
+    code, _, err = run_cli(capsys, "expand", template, "--reward.function", spec)
+    assert code == 2 and "reward.function" in err and "\x1b" not in err, err
