@@ -280,6 +280,25 @@ def _name_rules(name: str) -> list[tuple[str, str]]:
     return []
 
 
+def _token_budget_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
+    """optim.max_tokens_per_micro_batch holds the longest sequence; DPO keeps pairs in one micro-batch."""
+    budget, key = cfg.optim.max_tokens_per_micro_batch, "optim.max_tokens_per_micro_batch"
+    if budget is None:
+        return []
+    if not ALGORITHMS.get(cfg.algorithm.name, ALGORITHMS["grpo"]).online:
+        return [(key, f"{cfg.algorithm.name} keeps each pair in one micro-batch: use optim.micro_batch_size")]
+    longest = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+    if budget < longest:
+        return [
+            (
+                key,
+                f"{budget} tokens cannot hold the longest sequence: data.max_prompt_length + "
+                f"rollout.max_new_tokens = {longest}",
+            )
+        ]
+    return []
+
+
 def _required_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
     out = []
     if cfg.data.source != "builtin" and not cfg.data.path:
@@ -291,6 +310,7 @@ def _required_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
             out.append(
                 (problem.key, f"{problem.file}: {problem.message}" if problem.file else problem.message)
             )
+    out += _token_budget_rules(cfg)
     if not cfg.reward.timeout_s > 0:
         out.append(("reward.timeout_s", f"must be > 0, got {cfg.reward.timeout_s}"))
     if cfg.reward.name == "model" and not cfg.reward.model_path:

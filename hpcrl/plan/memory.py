@@ -154,9 +154,13 @@ def sequence_tokens(cfg: ExperimentConfig) -> int:
 
 
 def micro_batch(cfg: ExperimentConfig) -> int:
-    """b = sequences per forward/backward on one DP rank (the micro-batch, at most the DP share)."""
+    """b = sequences per forward/backward on one DP rank (the micro-batch, at most the DP share). With a
+    token budget B (optim.max_tokens_per_micro_batch) the worst micro-batch is B // s rows of the full
+    width s: rows x width <= B, and the attention's s^2 term is largest at full width."""
     per_dp = max(1, cfg.algorithm.prompts_per_step * cfg.rollout.samples_per_prompt // cfg.parallel.data)
-    return min(cfg.optim.micro_batch_size, per_dp)
+    budget = cfg.optim.max_tokens_per_micro_batch
+    rows = cfg.optim.micro_batch_size if budget is None else max(1, budget // sequence_tokens(cfg))
+    return min(rows, per_dp)
 
 
 def predict(cfg: ExperimentConfig, *, host_bytes: float | None = None) -> MemoryPlan:

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from hpcrl.train.token_budget import pack_by_tokens
+
 
 @dataclass
 class TrainBatch:
@@ -107,6 +109,48 @@ class TrainBatch:
         return [
             self.slice(i, min(i + micro_batch_size, len(self))) for i in range(0, len(self), micro_batch_size)
         ]
+
+    def token_micro_batches(self, max_tokens: int) -> list[TrainBatch]:
+        """Micro-batches of at most `max_tokens` computed tokens each (hpcrl.train.token_budget), each
+        trimmed on the right to its longest row (global counts kept)."""
+        widths = self.row_widths()
+        out = []
+        for rows in pack_by_tokens(widths, max_tokens):
+            width = max(widths[i] for i in rows)
+            out.append(self.select(torch.tensor(rows, dtype=torch.long)).columns(width))
+        return out
+
+    def row_widths(self) -> list[int]:
+        """Each row's last real column + 1 (what it computes when trimmed on the right)."""
+        real_BT = self.attention_mask_BT.bool()
+        columns_T = torch.arange(1, real_BT.shape[1] + 1)
+        return (real_BT * columns_T).amax(dim=1).clamp(min=1).tolist()
+
+    def select(self, index_B: torch.Tensor) -> TrainBatch:
+        """Rows `index_B` (global counts kept)."""
+        return replace(
+            self,
+            input_ids_BT=self.input_ids_BT[index_B],
+            attention_mask_BT=self.attention_mask_BT[index_B],
+            response_mask_BT=self.response_mask_BT[index_B],
+            position_ids_BT=None if self.position_ids_BT is None else self.position_ids_BT[index_B],
+            extras={k: v[index_B] for k, v in self.extras.items()},
+        )
+
+    def columns(self, width: int) -> TrainBatch:
+        """The first `width` columns of every [B, T] tensor ([B] extras unchanged; global counts kept)."""
+
+        def cut(t):
+            return t[:, :width] if t is not None and t.dim() == 2 else t
+
+        return replace(
+            self,
+            input_ids_BT=cut(self.input_ids_BT),
+            attention_mask_BT=cut(self.attention_mask_BT),
+            response_mask_BT=cut(self.response_mask_BT),
+            position_ids_BT=cut(self.position_ids_BT),
+            extras={k: cut(v) for k, v in self.extras.items()},
+        )
 
     def to(self, device: torch.device) -> TrainBatch:
         def move(t):

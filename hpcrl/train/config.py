@@ -103,6 +103,11 @@ class OptimizerConfig:
     """Global grad-norm clip (across TP/PP/DP); 0 disables."""
     micro_batch_size: int = 8
     """Sequences per forward/backward on one DP rank; gradients accumulate over micro-batches."""
+    max_tokens_per_micro_batch: int | None = None
+    """Token budget of one update micro-batch on one DP rank (verl's use_dynamic_bsz): the rank's share is
+    cut into micro-batches of at most this many computed tokens (rows x width, each trimmed to its
+    longest row; hpcrl.train.token_budget) instead of micro_batch_size sequences. The gradient is the
+    same for any cut. null: micro_batch_size. Must hold the longest sequence (prompt + response)."""
     backend: Literal["auto", "torch", "megatron"] = "auto"
     """Who syncs grads and steps: "megatron" = megatron-core DDP + distributed optimizer (fp32 masters
     and Adam moments sharded over DP; on CUDA, or on CPU through hpcrl's compatibility layer, as

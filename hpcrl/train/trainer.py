@@ -71,6 +71,7 @@ class Trainer:
         self.optim_cfg = optim_cfg
         # a reference model has no optimizer section: OptimizerConfig still owns the micro-batch default
         self.micro_batch_size = (optim_cfg or OptimizerConfig()).micro_batch_size
+        self.max_tokens_per_micro_batch = (optim_cfg or OptimizerConfig()).max_tokens_per_micro_batch
         self.update_step: UpdateStep | None = None  # None for a reference model
         if optim_cfg is not None:
             lr = lr if lr is not None else optim_cfg.lr
@@ -146,7 +147,10 @@ class Trainer:
         self._set_global_counts(batch)
         step = self.update_step
         step.zero_grads()
-        micro_batches = list(batch.micro_batches(micro_batch_size or self.micro_batch_size))
+        if self.max_tokens_per_micro_batch:  # the same gradient for any cut (hpcrl.train.token_budget)
+            micro_batches = batch.token_micro_batches(self.max_tokens_per_micro_batch)
+        else:
+            micro_batches = batch.micro_batches(micro_batch_size or self.micro_batch_size)
         losses, metric_sums = [], {}
         for index, mb in enumerate(micro_batches):
             with step.accumulating(last=index == len(micro_batches) - 1):

@@ -200,6 +200,14 @@ def test_split_placement_takes_the_worst_pool():
     assert split.actor_update_peak == pytest.approx(colocated.actor_update_peak)
 
 
+def test_a_token_budget_sizes_the_activations_of_its_worst_micro_batch():
+    act = lambda p: next(c.bytes for c in p.components if c.name.startswith("activations"))  # noqa: E731
+    s = 8 + 3  # grpo_tiny: max_prompt_length + max_new_tokens
+    by_rows = predict(config(**{"optim.micro_batch_size": 5}), host_bytes=24 * GIB)
+    by_tokens = predict(config(**{"optim.max_tokens_per_micro_batch": 5 * s + 3}), host_bytes=24 * GIB)
+    assert act(by_tokens) == pytest.approx(act(by_rows))  # 5 full-width rows fit, a sixth does not
+
+
 def test_async_placement_plans_a_training_pool_and_a_rollout_pool():
     overrides = {"algorithm.name": "ppo", "algorithm.kl_coef": 0.01}
     colocated = predict(config(**overrides), host_bytes=24 * GIB)

@@ -1,0 +1,39 @@
+"""Micro-batches by token budget (verl's `use_dynamic_bsz`, OpenRLHF's packing budget): a DP rank's share
+of an update cut into micro-batches whose computed tokens stay within `optim.max_tokens_per_micro_batch`,
+instead of a fixed count of sequences.
+
+A micro-batch computes rows x width tokens, its width being its longest row's last real column (rows are
+trimmed on the right; left padding stays, hpcrl's prompts are left padded). First-fit decreasing over
+the rows' widths: each row, longest first, joins the first micro-batch that still has room
+((rows + 1) x that micro-batch's width <= budget; the first row set the width, later ones are no wider),
+else opens a new one. FFD's bin count is at most 11/9 OPT + 6/9 (Dósa 2007) for this monotone cost.
+The gradient does not depend on the cut: every loss normalises by the whole batch's counts
+(TrainBatch.num_global_seqs / num_global_response_tokens), never by a micro-batch's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def pack_by_tokens(widths: Sequence[int], budget: int) -> list[list[int]]:
+    """Row indices per micro-batch (each list in ascending order, micro-batches by their first row); a
+    row wider than `budget` gets a micro-batch of its own (the config rule keeps that from happening)."""
+    if budget < 1:
+        raise ValueError(f"token budget must be >= 1, got {budget}")
+    bins: list[list[int]] = []
+    bin_width: list[int] = []
+    for row in sorted(range(len(widths)), key=lambda i: (-widths[i], i)):
+        for b, width in enumerate(bin_width):
+            if (len(bins[b]) + 1) * width <= budget:
+                bins[b].append(row)
+                break
+        else:
+            bins.append([row])
+            bin_width.append(widths[row])
+    return sorted((sorted(rows) for rows in bins), key=lambda rows: rows[0])
+
+
+def computed_tokens(widths: Sequence[int], bins: list[list[int]]) -> int:
+    """Tokens the micro-batches compute: sum of rows x width (the padding included)."""
+    return sum(len(rows) * max(widths[i] for i in rows) for rows in bins)
