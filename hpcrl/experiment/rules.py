@@ -281,11 +281,15 @@ def _name_rules(name: str) -> list[tuple[str, str]]:
 
 
 def _token_budget_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
-    """optim.max_tokens_per_micro_batch holds the longest sequence; DPO keeps pairs in one micro-batch."""
+    """optim.max_tokens_per_micro_batch holds the longest sequence; DPO keeps pairs in one micro-batch
+    and on one DP rank (no token budget, no token balancing)."""
     budget, key = cfg.optim.max_tokens_per_micro_batch, "optim.max_tokens_per_micro_batch"
+    offline = not ALGORITHMS.get(cfg.algorithm.name, ALGORITHMS["grpo"]).online
+    if offline and cfg.optim.balance_dp_tokens:
+        return [("optim.balance_dp_tokens", f"{cfg.algorithm.name} dispatches whole pairs to DP ranks")]
     if budget is None:
         return []
-    if not ALGORITHMS.get(cfg.algorithm.name, ALGORITHMS["grpo"]).online:
+    if offline:
         return [(key, f"{cfg.algorithm.name} keeps each pair in one micro-batch: use optim.micro_batch_size")]
     longest = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
     if budget < longest:

@@ -237,7 +237,7 @@ def _build_actor_and_rollout(cfg: ExperimentConfig, tokenizer, pool: Pool, group
     world_group = dist.group.WORLD if world > 1 else None
     mbs = cfg.optim.micro_batch_size
     if rank not in pool:
-        actor = ActorWorker(None, None, mbs, pool)
+        actor = ActorWorker(None, None, mbs, pool, balance_tokens=cfg.optim.balance_dp_tokens)
         return actor, RolloutWorker(None, Shards(-1, 1), world_group, tokenizer.pad_token_id)
     trainer = build_policy_trainer(cfg.model, cfg.optim, groups, temperature=_temperature(cfg))
     model_cfg = trainer.model_cfg  # read from the HF directory when model.hf_path is set
@@ -262,7 +262,7 @@ def _build_actor_and_rollout(cfg: ExperimentConfig, tokenizer, pool: Pool, group
             written=written if p.verify_weight_sync else None,
         ),
     )
-    actor = ActorWorker(trainer, side.handoff, mbs, pool)
+    actor = ActorWorker(trainer, side.handoff, mbs, pool, balance_tokens=cfg.optim.balance_dp_tokens)
     shards = Shards(layout.rollout_coords(rank).data, layout.rollout_data)
     return actor, RolloutWorker(
         side.engine,
@@ -288,9 +288,12 @@ def _build_model_pool(cfg: ExperimentConfig, pool: Pool, groups):
         trainer = (
             build_policy_trainer(cfg.model, None, groups, temperature=_temperature(cfg)) if member else None
         )
-        reference = TrainerWorker(trainer, mbs, pool)
+        reference = TrainerWorker(trainer, mbs, pool, balance_tokens=cfg.optim.balance_dp_tokens)
     if ALGORITHMS[cfg.algorithm.name].needs_critic:
         critic = TrainerWorker(
-            build_value_trainer(cfg.model, cfg.optim, groups) if member else None, mbs, pool
+            build_value_trainer(cfg.model, cfg.optim, groups) if member else None,
+            mbs,
+            pool,
+            balance_tokens=cfg.optim.balance_dp_tokens,
         )
     return reference, critic

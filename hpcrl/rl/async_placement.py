@@ -144,19 +144,22 @@ def build_training_side(cfg: ExperimentConfig, groups: AsyncGroups) -> tuple[Mod
     """(Models, WeightSender) of a training rank: actor (+ reference, critic) on the training pool's
     groups, and the sender of the actor's weights to the rollout pool."""
 
-    mbs, g = cfg.optim.micro_batch_size, groups.train
+    mbs, g, balance = cfg.optim.micro_batch_size, groups.train, cfg.optim.balance_dp_tokens
     temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
     trainer = build_policy_trainer(cfg.model, cfg.optim, g, temperature=temperature)
     reference = critic = None
     if cfg.algorithm.kl_coef > 0:
-        reference = TrainerWorker(build_policy_trainer(cfg.model, None, g, temperature=temperature), mbs)
+        reference = TrainerWorker(
+            build_policy_trainer(cfg.model, None, g, temperature=temperature), mbs, balance_tokens=balance
+        )
     if ALGORITHMS[cfg.algorithm.name].needs_critic:
-        critic = TrainerWorker(build_value_trainer(cfg.model, cfg.optim, g), mbs)
+        critic = TrainerWorker(build_value_trainer(cfg.model, cfg.optim, g), mbs, balance_tokens=balance)
 
     def params():
         return dict(named_global_params(trainer.model, trainer.model_cfg, g))
 
-    return Models(ActorWorker(trainer, None, mbs), reference, critic), WeightSender(groups.transfer, params)
+    actor = ActorWorker(trainer, None, mbs, balance_tokens=balance)
+    return Models(actor, reference, critic), WeightSender(groups.transfer, params)
 
 
 def build_rollout_side(

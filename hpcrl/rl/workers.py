@@ -29,6 +29,7 @@ from hpcrl.rows import concat_rows, pad_columns
 from hpcrl.train.batch import TrainBatch
 from hpcrl.train.logprobs import HeadOutputs
 from hpcrl.train.pipeline import LossFn
+from hpcrl.train.token_budget import balance_over_ranks, imbalance
 
 
 @dataclass(frozen=True)
@@ -171,9 +172,18 @@ class TrainerWorker:
     `pool.share` then hands it to the ranks outside the pool. `trainer` is None outside the pool.
     """
 
-    def __init__(self, trainer, micro_batch_size: int | None = None, pool: Pool | None = None):
+    def __init__(
+        self,
+        trainer,
+        micro_batch_size: int | None = None,
+        pool: Pool | None = None,
+        *,
+        balance_tokens: bool = False,
+    ):
         self.trainer = trainer
         self.pool = pool
+        self.balance_tokens = balance_tokens
+        """Rows go to DP ranks by tokens (hpcrl.train.token_budget.balance_over_ranks), not contiguously."""
         if trainer is None and (pool is None or pool.spans_world):
             raise ValueError("a TrainerWorker without a trainer needs the pool that hosts the model")
         groups = trainer.groups if trainer is not None else None
@@ -187,24 +197,41 @@ class TrainerWorker:
     def _share(self, local: object) -> object:
         return local if self.pool is None else self.pool.share(local)
 
+    def _partition(self, batch: TrainBatch) -> list[list[int]] | None:
+        """Every DP rank's rows when balancing by tokens (the same on every rank), else None."""
+        if not self.balance_tokens or self.shards.size == 1:
+            return None
+        return balance_over_ranks(batch.row_widths(), self.shards.size)
+
     def _local(self, batch: TrainBatch) -> TrainBatch:
+        parts = self._partition(batch)
+        if parts is not None:
+            return batch.select(torch.tensor(parts[self.shards.index], dtype=torch.long))
         start, stop = self.shards.bounds(len(batch))
         return batch.slice(start, stop)
 
     def start_forward(self, batch: TrainBatch) -> Pending:
-        """Run the forward on this worker's pool; `.result()` hands HeadOutputs to every rank."""
+        """Run the forward on this worker's pool; `.result()` hands HeadOutputs to every rank, its rows in
+        the batch's order."""
         merged = None
         if self.trainer is not None:
             out = self.trainer.forward(self._local(batch), self.micro_batch_size)
-            parts = self.shards.collect({k: v.cpu() for k, v in out.tensors().items()})
-            merged = _cat_dicts(parts)
+            merged = _cat_dicts(self.shards.collect({k: v.cpu() for k, v in out.tensors().items()}))
+            parts = self._partition(batch)
+            if parts is not None:  # rank order -> batch order
+                order = torch.tensor([i for rows in parts for i in rows], dtype=torch.long)
+                merged = {k: v[torch.argsort(order)] for k, v in merged.items()}
         return Pending(merged, self._share, lambda tensors: HeadOutputs(**tensors))
 
     def start_update(self, batch: TrainBatch, loss_fn: LossFn) -> Pending:
-        """Run one update on this worker's pool; `.result()` hands its metrics to every rank."""
+        """Run one update on this worker's pool; `.result()` hands its metrics to every rank (with
+        balancing, dp/token_imbalance: max/mean tokens per DP rank)."""
         stats = None
         if self.trainer is not None:
             stats = self.trainer.update(self._local(batch), loss_fn, self.micro_batch_size)
+            parts = self._partition(batch)
+            if parts is not None:
+                stats["dp/token_imbalance"] = imbalance(batch.row_widths(), parts)
         return Pending(stats, self._share)
 
     def forward(self, batch: TrainBatch) -> HeadOutputs:
@@ -223,8 +250,10 @@ class ActorWorker(TrainerWorker):
         handoff: Callable[[], dict[str, float]] | None,
         micro_batch_size: int | None = None,
         pool: Pool | None = None,
+        *,
+        balance_tokens: bool = False,
     ):
-        super().__init__(trainer, micro_batch_size, pool)
+        super().__init__(trainer, micro_batch_size, pool, balance_tokens=balance_tokens)
         self.handoff = handoff
         """Moves the weights to this rank's rollout engine through the reshard engine and returns the
         transition's metrics (hpcrl.rl.handoff.ReshardHandoff). None outside the actor pool: the rollout

@@ -108,6 +108,10 @@ class OptimizerConfig:
     cut into micro-batches of at most this many computed tokens (rows x width, each trimmed to its
     longest row; hpcrl.train.token_budget) instead of micro_batch_size sequences. The gradient is the
     same for any cut. null: micro_batch_size. Must hold the longest sequence (prompt + response)."""
+    balance_dp_tokens: bool = False
+    """Give each DP rank the step's sequences by tokens (longest first to the least-loaded rank, verl's
+    balance_batch; hpcrl.train.token_budget.balance_over_ranks) for updates and log-prob recomputation,
+    instead of equal contiguous counts; logs dp/token_imbalance (max/mean tokens per rank)."""
     backend: Literal["auto", "torch", "megatron"] = "auto"
     """Who syncs grads and steps: "megatron" = megatron-core DDP + distributed optimizer (fp32 masters
     and Adam moments sharded over DP; on CUDA, or on CPU through hpcrl's compatibility layer, as

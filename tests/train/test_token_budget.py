@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from hpcrl import cli
 from hpcrl.distributed.spawn import run_ranks
 from hpcrl.train.batch import TrainBatch
-from hpcrl.train.token_budget import computed_tokens, pack_by_tokens
+from hpcrl.train.token_budget import balance_over_ranks, computed_tokens, pack_by_tokens
 
 LOSS_AGGS = ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 
@@ -170,3 +170,22 @@ def test_dpo_refuses_a_token_budget_at_expand(capsys):
     template = str(REPO / "templates" / "dpo_tiny.yaml")
     assert cli.main(["expand", template, "--optim.max_tokens_per_micro_batch", "4096"]) == 2
     assert "keeps each pair in one micro-batch" in capsys.readouterr().err
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 64), max_size=40), st.integers(1, 8))
+def test_balanced_ranks_hold_every_row_once_and_differ_by_at_most_one_row(widths, ranks):
+    parts = balance_over_ranks(widths, ranks)
+    assert len(parts) == ranks and sorted(i for rows in parts for i in rows) == list(range(len(widths)))
+    assert all(rows == sorted(rows) for rows in parts)
+    sums = [sum(widths[i] for i in rows) for rows in parts]
+    # LPT: the fullest rank was the emptiest when it took its last row, so it leads by at most one row
+    assert not widths or max(sums) - min(sums) <= max(widths)
+
+
+def test_dpo_refuses_token_balancing_at_expand(capsys):
+    capsys.readouterr()
+    template = str(REPO / "templates" / "dpo_tiny.yaml")
+    assert cli.main(["expand", template, "--optim.balance_dp_tokens", "true"]) == 2
+    err = capsys.readouterr().err
+    assert "optim.balance_dp_tokens" in err and "dispatches whole pairs" in err, err
