@@ -85,16 +85,8 @@ class TrainBatch:
         return x_B.sum() / self.num_global_seqs
 
     def slice(self, start: int, stop: int) -> TrainBatch:
-        """Rows [start, stop) (global counts kept)."""
-        cut = slice(start, stop)
-        return replace(
-            self,
-            input_ids_BT=self.input_ids_BT[cut],
-            attention_mask_BT=self.attention_mask_BT[cut],
-            response_mask_BT=self.response_mask_BT[cut],
-            position_ids_BT=None if self.position_ids_BT is None else self.position_ids_BT[cut],
-            extras={k: v[cut] for k, v in self.extras.items()},
-        )
+        """Rows [start, stop), as views (global counts kept)."""
+        return self._rows(slice(start, stop))
 
     def dp_shard(self, dp_rank: int, dp_size: int) -> TrainBatch:
         """DP rank `dp_rank`'s contiguous share of a global batch (B must divide by dp_size)."""
@@ -128,39 +120,25 @@ class TrainBatch:
 
     def select(self, index_B: torch.Tensor) -> TrainBatch:
         """Rows `index_B` (global counts kept)."""
-        return replace(
-            self,
-            input_ids_BT=self.input_ids_BT[index_B],
-            attention_mask_BT=self.attention_mask_BT[index_B],
-            response_mask_BT=self.response_mask_BT[index_B],
-            position_ids_BT=None if self.position_ids_BT is None else self.position_ids_BT[index_B],
-            extras={k: v[index_B] for k, v in self.extras.items()},
-        )
+        return self._rows(index_B)
+
+    def _rows(self, rows: slice | torch.Tensor) -> TrainBatch:
+        return self._map(lambda t: t[rows])
 
     def columns(self, width: int) -> TrainBatch:
         """The first `width` columns of every [B, T] tensor ([B] extras unchanged; global counts kept)."""
-
-        def cut(t):
-            return t[:, :width] if t is not None and t.dim() == 2 else t
-
-        return replace(
-            self,
-            input_ids_BT=cut(self.input_ids_BT),
-            attention_mask_BT=cut(self.attention_mask_BT),
-            response_mask_BT=cut(self.response_mask_BT),
-            position_ids_BT=cut(self.position_ids_BT),
-            extras={k: cut(v) for k, v in self.extras.items()},
-        )
+        return self._map(lambda t: t[:, :width] if t.dim() == 2 else t)
 
     def to(self, device: torch.device) -> TrainBatch:
-        def move(t):
-            return None if t is None else t.to(device)
+        return self._map(lambda t: t.to(device))
 
+    def _map(self, fn) -> TrainBatch:
+        """`fn` applied to every tensor of the batch (the fields and the extras; global counts kept)."""
         return replace(
             self,
-            input_ids_BT=move(self.input_ids_BT),
-            attention_mask_BT=move(self.attention_mask_BT),
-            response_mask_BT=move(self.response_mask_BT),
-            position_ids_BT=move(self.position_ids_BT),
-            extras={k: move(v) for k, v in self.extras.items()},
+            input_ids_BT=fn(self.input_ids_BT),
+            attention_mask_BT=fn(self.attention_mask_BT),
+            response_mask_BT=fn(self.response_mask_BT),
+            position_ids_BT=None if self.position_ids_BT is None else fn(self.position_ids_BT),
+            extras={k: fn(v) for k, v in self.extras.items()},
         )

@@ -10,20 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from hpcrl import cli
 from hpcrl.launcher.compare import compare, read_curve
 from hpcrl.launcher.manifest import load_manifest
+from tests.cli_runs import run_cli
 from tests.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 GRPO = REPO / "templates" / "grpo_tiny.yaml"
-
-
-def run_cli(capsys, *argv) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = cli.main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def _template(tmp_path: Path, sweep: str, steps: int = 20) -> Path:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from hpcrl import cli
 from hpcrl.rewards.function import FunctionScorer, function_problems, source_sha256
 from hpcrl.rewards.scoring import RewardError, score_batch
+from tests.cli_runs import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 GRPO = REPO / "templates" / "grpo_tiny.yaml"
@@ -27,13 +27,6 @@ def digits(prompts, responses, answers, extras):
         for r, a in zip(responses, answers)
     ]
 """
-
-
-def run_cli(capsys, *argv) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = cli.main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def _template(directory: Path, function: str, steps: int = 3) -> Path:
