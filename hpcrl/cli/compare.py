@@ -1,6 +1,7 @@
 """`hpcrl compare SWEEP [--metric M] [--by KEY] [--out DIR]`: a sweep's elements side by side.
 
-Writes report.md (a row per element: swept values, state, last step, final and best value of the metric;
+The elements' states are refreshed from the scheduler first, as `hpcrl status` does. Writes report.md
+(a row per element: swept values, state, last step, final and best value of the metric;
 then each group's final value as mean and range) and curves.png (the metric against the step, one colour
 per group, seeds as a mean with a min..max band) to DIR, default SWEEP/compare (hpcrl.launcher.compare).
 Exit 0; 1 when no element has logged the metric yet; 2 for a bad sweep, key or output directory.
@@ -8,10 +9,12 @@ Exit 0; 1 when no element has logged the metric yet; 2 for a bad sweep, key or o
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Optional
 
 from hpcrl.errors import printable
+from hpcrl.launcher import sweeps
 from hpcrl.launcher.compare import compare, write_report
 from hpcrl.launcher.manifest import load_manifest
 
@@ -30,7 +33,10 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
-    manifest = load_manifest(args.sweep)
+    notes: list[str] = []
+    manifest = sweeps.refresh(load_manifest(args.sweep), notes)  # the states as `hpcrl status` shows them
+    for note in notes:
+        print(f"hpcrl: note: {printable(note)}", file=sys.stderr)
     comparison = compare(manifest, args.metric, args.by)
     out = Path(args.out) if args.out is not None else Path(manifest.sweep_dir) / "compare"
     report, plot = write_report(comparison, out)

@@ -56,6 +56,10 @@ def test_a_finished_local_sweep_compared_by_the_command(tmp_path, capsys):
         return code == 0 and json.loads(out)["counts"] == {"COMPLETED": 2}
 
     wait_until(finished, 240, "both elements COMPLETED")
+    stale = json.loads((sweep / "manifest.json").read_text())  # as if nobody ran `hpcrl status` since
+    for entry in stale["entries"]:
+        entry["state"] = "RUNNING"
+    (sweep / "manifest.json").write_text(json.dumps(stale))
     code, out, _ = run_cli(capsys, "compare", sweep)
     assert code == 0 and "2/2 element(s) logged reward/heldout" in out, out
     report = (sweep / "compare" / "report.md").read_text()
