@@ -84,7 +84,8 @@ def pair_batch(pairs: list[PreferencePair], tokenizer, max_prompt_length: int, c
 class PairWorker(TrainerWorker):
     """A trainer over DP ranks that dispatches whole pairs: rows 2i and 2i+1 stay on one rank."""
 
-    def _local(self, batch: TrainBatch) -> TrainBatch:
+    def _local(self, batch: TrainBatch, parts: list[list[int]] | None) -> TrainBatch:
+        """Pairs, contiguously (DPO refuses token balancing at expand: `parts` is None)."""
         start, stop = self.shards.bounds(len(batch) // 2)
         return batch.slice(2 * start, 2 * stop)
 

@@ -203,8 +203,8 @@ class TrainerWorker:
             return None
         return balance_over_ranks(batch.row_widths(), self.shards.size)
 
-    def _local(self, batch: TrainBatch) -> TrainBatch:
-        parts = self._partition(batch)
+    def _local(self, batch: TrainBatch, parts: list[list[int]] | None) -> TrainBatch:
+        """This DP rank's rows: its part of `parts` (balanced), else its contiguous share."""
         if parts is not None:
             return batch.select(torch.tensor(parts[self.shards.index], dtype=torch.long))
         start, stop = self.shards.bounds(len(batch))
@@ -215,9 +215,9 @@ class TrainerWorker:
         the batch's order."""
         merged = None
         if self.trainer is not None:
-            out = self.trainer.forward(self._local(batch), self.micro_batch_size)
-            merged = _cat_dicts(self.shards.collect({k: v.cpu() for k, v in out.tensors().items()}))
             parts = self._partition(batch)
+            out = self.trainer.forward(self._local(batch, parts), self.micro_batch_size)
+            merged = _cat_dicts(self.shards.collect({k: v.cpu() for k, v in out.tensors().items()}))
             if parts is not None:  # rank order -> batch order
                 order = torch.tensor([i for rows in parts for i in rows], dtype=torch.long)
                 merged = {k: v[torch.argsort(order)] for k, v in merged.items()}
@@ -228,8 +228,8 @@ class TrainerWorker:
         balancing, dp/token_imbalance: max/mean tokens per DP rank)."""
         stats = None
         if self.trainer is not None:
-            stats = self.trainer.update(self._local(batch), loss_fn, self.micro_batch_size)
             parts = self._partition(batch)
+            stats = self.trainer.update(self._local(batch, parts), loss_fn, self.micro_batch_size)
             if parts is not None:
                 stats["dp/token_imbalance"] = imbalance(batch.row_widths(), parts)
         return Pending(stats, self._share)

@@ -13,22 +13,14 @@ import pytest
 from hpcrl.launcher.compare import compare, read_curve
 from hpcrl.launcher.manifest import load_manifest
 from tests.cli_runs import run_cli
+from tests.templates import write_grpo_template
 from tests.waiting import wait_until
 
-REPO = Path(__file__).resolve().parents[2]
-GRPO = REPO / "templates" / "grpo_tiny.yaml"
 
-
-def _template(tmp_path: Path, sweep: str, steps: int = 20) -> Path:
-    template = tmp_path / "t.yaml"
-    template.write_text(
-        f"extends: {GRPO}\nname: cmp\nrun_root: {tmp_path / 'runs'}\n"
-        f"algorithm: {{steps: {steps}, eval_every: 10}}\n"
-        "logging: {tensorboard: false, progress: false, plot: false}\n"
-        "checkpoint: {every_steps: 0, save_on_exit: false}\n"
-        f"cluster: {{array_parallelism: 2}}\n{sweep}"
+def _template(tmp_path: Path, sweep: str) -> Path:
+    return write_grpo_template(
+        tmp_path, "cmp", steps=20, eval_every=10, extra=f"cluster: {{array_parallelism: 2}}\n{sweep}"
     )
-    return template
 
 
 def _dry_sweep(tmp_path: Path, capsys) -> Path:

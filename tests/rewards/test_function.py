@@ -13,9 +13,9 @@ import pytest
 from hpcrl.rewards.function import FunctionScorer, function_problems, source_sha256
 from hpcrl.rewards.scoring import RewardError, score_batch
 from tests.cli_runs import run_cli
+from tests.templates import GRPO, write_grpo_template
 
 REPO = Path(__file__).resolve().parents[2]
-GRPO = REPO / "templates" / "grpo_tiny.yaml"
 
 DIGITS = """\
 calls = []
@@ -29,14 +29,10 @@ def digits(prompts, responses, answers, extras):
 """
 
 
-def _template(directory: Path, function: str, steps: int = 3) -> Path:
-    template = directory / "t.yaml"
-    template.write_text(
-        f"extends: {GRPO}\nname: fn\nrun_root: {directory / 'runs'}\nreward: {{function: '{function}'}}\n"
-        f"algorithm: {{steps: {steps}, eval_every: 0}}\n"
-        "logging: {tensorboard: false, progress: false, plot: false}\ncheckpoint: {every_steps: 0}\n"
+def _template(directory: Path, function: str) -> Path:
+    return write_grpo_template(
+        directory, "fn", steps=3, eval_every=0, extra=f"reward: {{function: '{function}'}}\n"
     )
-    return template
 
 
 def test_a_function_in_a_file_next_to_the_template_drives_a_grpo_run(tmp_path, capsys, monkeypatch):

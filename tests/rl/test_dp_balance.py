@@ -52,7 +52,7 @@ def dispatch_both_ways(rank: int, world: int) -> dict:
             "logprobs": logprobs,
             "stats": stats,
             "grads": grads,
-            "local": len(worker._local(batch)),
+            "local": len(worker._local(batch, worker._partition(batch))),
         }
     return out
 
