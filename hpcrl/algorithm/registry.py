@@ -1,4 +1,5 @@
-"""What each RL algorithm needs from the rest of the job, and the rules about `AlgorithmConfig`.
+"""What each RL algorithm needs from the rest of the job, and the rules about `AlgorithmConfig` and
+`DPOConfig`.
 
 Torch-free, so the config rules that run at `expand`/`submit` (hpcrl.experiment.rules) and the job's own
 check on the ranks (hpcrl.rl.job) read the same registry and the same rule function. The advantage
@@ -10,15 +11,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from hpcrl.algorithm.config import AlgorithmConfig
+from hpcrl.algorithm.config import AlgorithmConfig, DPOConfig
 from hpcrl.errors import Problem
 
 
 @dataclass(frozen=True)
 class AlgorithmSpec:
     name: str
-    online: bool = True
-    """Samples its own responses (False: DPO, which trains on a preference dataset)."""
     needs_critic: bool = False
     """Trains a value model (GAE)."""
     min_samples_per_prompt: int = 1
@@ -36,7 +35,6 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
         AlgorithmSpec("remax", greedy_baseline=True),
         AlgorithmSpec("reinforce_pp"),
         AlgorithmSpec("reinforce_pp_baseline", min_samples_per_prompt=2),
-        AlgorithmSpec("dpo", online=False),
     )
 }
 """Every algorithm by `AlgorithmConfig.name`."""
@@ -49,11 +47,7 @@ def algorithm_problems(algo: AlgorithmConfig, samples_per_prompt: int, max_new_t
         return [
             Problem(f"unknown algorithm {algo.name!r}; known: {sorted(ALGORITHMS)}", key="algorithm.name")
         ]
-    rules = _common_rules(algo)
-    if spec.online:
-        rules += _online_rules(algo, spec, samples_per_prompt, max_new_tokens)
-    else:
-        rules.append(("algorithm.dpo_beta", algo.dpo_beta > 0, f"must be > 0, got {algo.dpo_beta}"))
+    rules = _common_rules(algo) + _online_rules(algo, spec, samples_per_prompt, max_new_tokens)
     return [Problem(message, key=key) for key, ok, message in rules if not ok]
 
 
@@ -113,3 +107,15 @@ def _online_rules(algo: AlgorithmConfig, spec: AlgorithmSpec, samples: int, max_
             f"must be >= 0, got {algo.overlong_penalty_factor}",
         ),
     ]
+
+
+def dpo_problems(dpo: DPOConfig) -> list[Problem]:
+    """Every problem of the DPO stage's own settings (hpcrl.experiment.stage_kinds adds those it shares
+    with the batch: pairs per DP rank, whole pairs per micro-batch)."""
+    rules = [
+        ("dpo.steps", dpo.steps >= 1, f"must be >= 1, got {dpo.steps}"),
+        ("dpo.pairs_per_step", dpo.pairs_per_step >= 1, f"must be >= 1, got {dpo.pairs_per_step}"),
+        ("dpo.beta", 0 < dpo.beta < math.inf, f"must be a positive finite number, got {dpo.beta}"),
+        ("dpo.eval_every", dpo.eval_every >= 0, f"must be >= 0 (0: never), got {dpo.eval_every}"),
+    ]
+    return [Problem(message, key=key) for key, ok, message in rules if not ok]

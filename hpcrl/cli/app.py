@@ -54,7 +54,7 @@ typical use:
   hpcrl run T.yaml [--index N]      run one config here, in the foreground
 
 Any config key is set with --<dotted.key> VALUE (e.g. --optim.lr 1e-5); every key with its type,
-default and meaning: hpcrl submit --help-config [PREFIX]. Help of one command: hpcrl COMMAND --help."""
+default and meaning: hpcrl submit --help-config [PREFIX|STAGE]. Help of one command: hpcrl COMMAND --help."""
 COMMAND_LINE = "command line"
 BROKEN_PIPE_EXIT = 128 + signal.SIGPIPE
 

@@ -27,12 +27,12 @@ from hpcrl.experiment.reference import reference
 
 OVERRIDES_HELP = """\
 --<dotted.key> VALUE  set any config key, e.g. --optim.lr 1e-5 --cluster.nodes 2 (VALUE is YAML);
-                      every key with its type, default and meaning: --help-config [PREFIX]"""
+                      every key with its type, default and meaning: --help-config [PREFIX|STAGE]"""
 
 
 class HelpConfigAction(argparse.Action):
-    """`--help-config [PREFIX]`: print the config reference (all keys, or those under PREFIX) and exit 0,
-    like --help (no template needed)."""
+    """`--help-config [PREFIX|STAGE]`: print the config reference (all keys, those under PREFIX, or those a
+    stage reads: rl, dpo) and exit 0, like --help (no template needed)."""
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
         sys.stdout.write(reference(values or ""))
@@ -53,9 +53,10 @@ def add_template_arguments(parser) -> None:
         nargs="?",
         const="",
         default=argparse.SUPPRESS,
-        metavar="PREFIX",
+        metavar="PREFIX|STAGE",
         action=HelpConfigAction,
-        help="List every config key (or those under PREFIX) with its type, default and meaning; exit.",
+        help="List every config key (or those under PREFIX, or those STAGE reads: rl, dpo) with its type, "
+        "default and meaning; exit.",
     )
     add_override_arguments(parser)
 

@@ -13,6 +13,7 @@ import json
 
 from hpcrl.cli.common import add_template_arguments, overrides_from
 from hpcrl.experiment.resolve import resolve
+from hpcrl.experiment.stage_kinds import require_planned
 from hpcrl.plan.memory import predict
 
 HELP = "Predict per-rank accelerator memory and host RAM of a template's configs (memory preflight)."
@@ -65,6 +66,7 @@ def main(args) -> int:
     from rich.console import Console
 
     sweep = resolve(args.template, overrides_from(args))
+    require_planned(sweep.elements[0].config, "hpcrl plan", str(args.template))
     console = Console(width=200)
     problems: list[str] = []
     for element in sweep.elements:

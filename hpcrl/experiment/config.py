@@ -10,8 +10,9 @@ parses the command line's own options.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
-from hpcrl.algorithm.config import AlgorithmConfig
+from hpcrl.algorithm.config import AlgorithmConfig, DPOConfig
 from hpcrl.ckpt.config import CheckpointConfig
 from hpcrl.cluster.config import ClusterConfig
 from hpcrl.data.config import DataConfig
@@ -21,6 +22,9 @@ from hpcrl.metrics.config import LoggingConfig
 from hpcrl.rewards.config import RewardConfig
 from hpcrl.rollout.config import RolloutConfig
 from hpcrl.train.config import ModelConfig, OptimizerConfig
+
+StageName = Literal["rl", "dpo"]
+"""The stage kinds (hpcrl.experiment.stage_kinds.STAGE_KINDS holds what each reads and runs)."""
 
 
 @dataclass(kw_only=True)
@@ -33,16 +37,22 @@ class ExperimentConfig:
     """Global seed (sampling, data order, dropout)."""
     run_root: str = "runs"
     """Where run directories are created (relative to the working directory)."""
-    entrypoint: str = "hpcrl.rl.job:main"
+    stage: StageName = "rl"
+    """What the element trains: `rl` (online RL: the algorithm, rollout, reward and placement sections)
+    or `dpo` (offline DPO: the dpo section). Each stage reads the shared sections (model, parallel,
+    optim, data, checkpoint, logging, cluster) and its own; a template setting another stage's section
+    is refused at expand (hpcrl.experiment.stage_kinds, which also names each stage's entrypoint)."""
+    entrypoint: str | None = None
     """`module:function` every rank of an element calls as `fn(cfg, run_dir, lifecycle=...)`: the
     ExperimentConfig, the run directory (Path) and the run's hpcrl.lifecycle.Lifecycle (its
-    stop signals; an entrypoint that saves nothing may ignore it)."""
+    stop signals; an entrypoint that saves nothing may ignore it). null: the stage's own."""
     model: ModelConfig = field(default_factory=ModelConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     optim: OptimizerConfig = field(default_factory=OptimizerConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    dpo: DPOConfig = field(default_factory=DPOConfig)
     data: DataConfig = field(default_factory=DataConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)

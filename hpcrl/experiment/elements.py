@@ -25,6 +25,7 @@ from hpcrl.config.schema import build, deep_merge, to_dict, with_values
 from hpcrl.config.sweep import SweepPlan
 from hpcrl.config.yaml_io import canonical_json, canonical_json_joined, dump_yaml, dump_yaml_item
 from hpcrl.experiment.config import ExperimentConfig
+from hpcrl.experiment.stage_kinds import stage_data
 
 ID_LENGTH = 10
 TASKS_PER_NODE = "cluster.tasks_per_node"
@@ -103,7 +104,7 @@ class ElementMaker:
         self._profile_mappings = {
             f"cluster.{key}": value for key, value in profile.items() if isinstance(value, dict)
         }
-        self.base_config, self.base_data = self._derived(config, to_dict(config))
+        self.base_config, self.base_data = self._derived(config, stage_data(to_dict(config)))
         self.texts = SectionTexts(self.base_data)
 
     def make(self, index: int, assignment: dict[str, Any], known_id: str | None = None) -> ResolvedConfig:

@@ -2,7 +2,8 @@
 
 All three come from the dataclasses themselves (type hints, defaults, and the docstring written under
 each field, read by docstring_parser as jsonargparse reads it), so a key is documented in one place:
-its field. `hpcrl <command> --help-config [PREFIX]` prints this reference; `--help` only points at it
+its field. `hpcrl <command> --help-config [PREFIX|STAGE]` prints this reference (all of it, the keys under
+PREFIX, or the keys one stage reads); `--help` only points at it
 (listing ~120 keys there made `hpcrl submit --help` 400 lines long).
 """
 
@@ -17,6 +18,7 @@ from hpcrl.config.schema import describe, field_types, is_config_class, suggest,
 from hpcrl.config.yaml_io import dump_yaml
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.config import ExperimentConfig
+from hpcrl.experiment.stage_kinds import STAGE_KINDS, unread_sections
 
 WIDTH = 100
 """Text width of the reference (a wide terminal; the docs are wrapped to it)."""
@@ -60,10 +62,16 @@ def _entries(cls: type, prefix: str = "") -> list[tuple[str, str]]:
     for f in dataclasses.fields(cls):
         section = hints[f.name]
         if is_config_class(section):
-            header = _wrap(f"{prefix}{f.name}: {class_summary(section)}", "", "  ")
+            header = _wrap(f"{prefix}{f.name}: {class_summary(section)}{_owner(prefix + f.name)}", "", "  ")
             out.append((f"{prefix}{f.name}", f"\n{header}"))
             out += _entries(section, f"{prefix}{f.name}.")
     return out
+
+
+def _owner(section: str) -> str:
+    """' [stage rl only]' for a section one stage owns, else ''."""
+    owners = [kind.name for kind in STAGE_KINDS.values() if section in kind.sections]
+    return f" [stage {owners[0]} only]" if owners else ""
 
 
 def _leaf_text(key: str, f: dataclasses.Field, hint: Any, doc: str) -> str:
@@ -76,17 +84,25 @@ def _wrap(text: str, first: str, rest: str) -> str:
 
 
 def reference(prefix: str = "") -> str:
-    """The reference of every key, or of those equal to or under `prefix` (e.g. 'cluster',
-    'optim.lr'); a prefix that names no key is a ConfigError with the closest one."""
+    """The reference of every key, of the keys one stage reads (`prefix` a stage kind: 'rl', 'dpo'), or
+    of those equal to or under `prefix` (e.g. 'cluster', 'optim.lr'); a prefix that names no key is a
+    ConfigError with the closest one."""
     prefix = prefix.strip().lstrip("-")
     entries = _entries(ExperimentConfig)
-    chosen = [text for key, text in entries if not prefix or key == prefix or key.startswith(f"{prefix}.")]
+    if prefix in STAGE_KINDS:
+        unread = unread_sections(prefix)
+        chosen = [text for key, text in entries if key.partition(".")[0] not in unread]
+    else:
+        chosen = [
+            text for key, text in entries if not prefix or key == prefix or key.startswith(f"{prefix}.")
+        ]
     if not chosen:
-        hint = suggest(prefix, [key for key, _ in entries])
+        hint = suggest(prefix, [key for key, _ in entries] + list(STAGE_KINDS))
         raise ConfigError(Problem(f"no config key {prefix!r}{hint}", "command line", "--help-config"))
     intro = (
         "Config keys: set any in a template (YAML, nested by the dots) or on the command line as\n"
         "--<dotted.key> VALUE (VALUE is read as YAML: 1e-5, true, [0.9, 0.95], {A: b}).\n"
-        "Each key: its type = its default, then what it means.\n\n"
+        "Each key: its type = its default, then what it means. A section marked [stage X only] is read by\n"
+        "that stage alone (`stage:`); --help-config STAGE lists only what one stage reads.\n\n"
     )
     return intro + "\n".join(chosen).rstrip("\n").lstrip("\n") + "\n"

@@ -43,7 +43,7 @@ from hpcrl.config.text_rules import string_problems
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.experiment.elements import ElementMaker, Elements, ResolvedConfig, config_id
-from hpcrl.experiment.rules import check_rules
+from hpcrl.experiment.stage_kinds import config_rules, section_problems, stage_data
 from hpcrl.progress import Track, untracked
 from hpcrl.rewards.function import KEY as REWARD_FUNCTION
 from hpcrl.rewards.function import absolute_spec
@@ -86,9 +86,9 @@ def resolve(
         template.sweep,
         template.sweep_file,
         leaf_types(ExperimentConfig),
-        lambda key: "it is set on the command line" if key in overrides else None,
+        lambda key: _unsweepable(key, overrides),
     )
-    problems += sweep_problems
+    problems += sweep_problems + _stage_problems(values, plan, template)
     _anchor_paths(base, plan, template)
     profile, profile_problems = _profile(base, template, from_command_line=PROFILE_KEY in overrides)
     problems += profile_problems
@@ -107,6 +107,29 @@ def resolve(
         elements=Elements(maker, plan, ids),
         plan=plan,
     )
+
+
+def _unsweepable(key: str, overrides: dict[str, Any]) -> str | None:
+    if key in overrides:
+        return "it is set on the command line"
+    if key == "stage":
+        return "a sweep's elements run one stage (chain stages as separate jobs)"
+    return None
+
+
+def _stage_problems(values: dict[str, Any], plan: SweepPlan | None, template: Template) -> list[Problem]:
+    """A section the stage does not read, set anywhere (one problem per section: a DPO template that
+    extends an RL one would otherwise list every inherited key)."""
+    stage = values.get("stage", ExperimentConfig.stage)
+    first: dict[str, str] = {}
+    for key in (*flatten(values), *(plan.keys if plan else ())):
+        first.setdefault(key.partition(".")[0], key)
+    swept = set(plan.keys if plan else ())
+
+    def origin_of(key: str) -> str | None:
+        return template.sweep_file if key in swept else template.origin_of(key)
+
+    return section_problems(stage, first.values(), origin_of)
 
 
 RELATIVE_TO_TEMPLATE = {REWARD_FUNCTION: absolute_spec}
@@ -169,7 +192,7 @@ def _check_elements(
     for index, assignment in enumerate(track(plan.assignments(), len(plan), "checking configs")):
         element = maker.make(index, assignment)
         swept_data = {key: get_dotted(element.data, key) for key in assignment}
-        for key, message in (*check_rules(element.config), *string_problems(swept_data)):
+        for key, message in (*config_rules(element.config), *string_problems(swept_data)):
             failures.add(key, message, (index,), 1)
         ids.append(element.config_id)
     return ids, failures.problems(plan, template, len(plan))
@@ -184,7 +207,7 @@ def element_problems(cfg: ExperimentConfig, plain: dict[str, Any] | None = None)
     """Every rule one resolved config must pass, as (dotted key, message): the cross-field rules and the
     text rule of every string. Checks each config `hpcrl resume` submits again (its config.yaml may have
     been edited since); `resolve` applies the same rules per element, the strings split as it says."""
-    return [*check_rules(cfg), *string_problems(to_dict(cfg) if plain is None else plain)]
+    return [*config_rules(cfg), *string_problems(stage_data(to_dict(cfg)) if plain is None else plain)]
 
 
 def _profile(

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable
 
-from hpcrl.algorithm.registry import ALGORITHMS, algorithm_problems
+from hpcrl.algorithm.registry import ALGORITHMS, algorithm_problems, dpo_problems
 from hpcrl.ckpt.config import checkpoint_problems
 from hpcrl.cluster.rules import check_cluster
 from hpcrl.distributed.layout import ModelDims, ParallelLayout, model_problems
@@ -36,8 +37,13 @@ def gpus_per_node(cfg: ExperimentConfig) -> int:
     return cfg.cluster.gpus_per_node
 
 
-def check_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
-    """All cross-field problems of one config, as (dotted key, message)."""
+StageRules = Callable[[ExperimentConfig], list[tuple[str, str]]]
+"""A stage's own rules (hpcrl.experiment.stage_kinds names each stage's)."""
+
+
+def check_rules(cfg: ExperimentConfig, stage_rules: StageRules) -> list[tuple[str, str]]:
+    """All cross-field problems of one config, as (dotted key, message): the shared sections' rules, then
+    `stage_rules` (those of the sections only its stage reads) once the layout's counts are sound."""
     out: list[tuple[str, str]] = []
     par, cl = cfg.parallel, cfg.cluster
     for key in ("tensor", "pipeline", "data", "rollout_tensor", "rollout_pipeline"):
@@ -96,10 +102,8 @@ def check_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
                     f"(cluster.nodes={cl.nodes} x {gpus} per node)",
                 )
             )
-    out += (
-        _model_rules(cfg) + _sampling_rules(cfg) + _algorithm_rules(cfg) + checkpoint_problems(cfg.checkpoint)
-    )
-    if not _ENTRYPOINT.fullmatch(cfg.entrypoint):
+    out += _model_rules(cfg) + stage_rules(cfg) + checkpoint_problems(cfg.checkpoint)
+    if cfg.entrypoint is not None and not _ENTRYPOINT.fullmatch(cfg.entrypoint):
         out.append(("entrypoint", f"expected 'package.module:function', got {short(cfg.entrypoint)}"))
     out += _name_rules(cfg.name) + _required_rules(cfg)
     return out + check_cluster(cfg.cluster)
@@ -107,7 +111,7 @@ def check_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
 
 def _model_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
     """The layout's divisibility rules for the model (ParallelLayout owns them: heads, kv heads vs t and
-    t_g, vocab, ffn, layers) and whether the rollout engine can run the generation layout."""
+    t_g, vocab, ffn, layers)."""
 
     par = cfg.parallel
     ranges = model_range_problems(cfg.model)
@@ -120,9 +124,55 @@ def _model_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
     problems += model_file_problems
     if layout is not None and model is not None and not ranges:  # they divide by these dims
         problems += model_problems(layout, model)
+    return [(p.key or "parallel", p.message) for p in problems]
+
+
+def rl_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
+    """The RL stage's sections: sampling, the algorithm, whether an engine runs the generation layout,
+    the reward and the token budget (which must hold a prompt and its response)."""
+    return (
+        _engine_rules(cfg)
+        + _sampling_rules(cfg)
+        + _algorithm_rules(cfg)
+        + _reward_rules(cfg)
+        + _rl_token_budget_rules(cfg)
+    )
+
+
+def dpo_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
+    """The DPO stage's section, and what it asks of the batch: a micro-batch and a DP rank hold whole
+    (chosen, rejected) pairs, so no token budget or token balancing, an even micro-batch, and at least
+    one pair per DP rank."""
+    out = [(p.key or "dpo", p.message) for p in dpo_problems(cfg.dpo)]
+    optim, pairs, ranks = cfg.optim, cfg.dpo.pairs_per_step, cfg.parallel.data
+    if optim.balance_dp_tokens:
+        out.append(("optim.balance_dp_tokens", "dpo dispatches whole pairs to DP ranks"))
+    if optim.max_tokens_per_micro_batch is not None:
+        out.append(
+            (
+                "optim.max_tokens_per_micro_batch",
+                "dpo keeps each pair in one micro-batch: use optim.micro_batch_size",
+            )
+        )
+    if optim.micro_batch_size % 2:
+        out.append(
+            (
+                "optim.micro_batch_size",
+                f"must be even for dpo (a micro-batch holds whole chosen/rejected pairs), got {optim.micro_batch_size}",
+            )
+        )
+    if 1 <= pairs < ranks:
+        out.append(("dpo.pairs_per_step", f"{pairs} pairs per step leave some of the {ranks} DP ranks empty"))
+    return out
+
+
+def _engine_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
+    """Whether the rollout engine can run the generation layout (hpcrl.rollout.engine_rule decides)."""
+    par = cfg.parallel
+    model, _ = _model_dims(cfg.model)
     facts = EngineFacts.for_element(gpus_per_node(cfg))
     split = not placement_of(cfg.placement).rollout_spans_element
-    problems += resolve_engine(
+    problems = resolve_engine(
         cfg.rollout,
         par.rollout_tensor,
         par.rollout_pipeline,
@@ -210,16 +260,14 @@ def _with_hf_architecture(fields: tuple[tuple[str, object], ...]) -> ModelConfig
 
 def placement_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
     """The placement's own keys (hpcrl.distributed.placement) and what it asks of the other sections:
-    offline DPO runs policy and reference on every rank; a second pool needs a role to host (a critic,
+    a second pool needs a role to host (a critic,
     or a reference when kl_coef > 0); off-policy samples (async, m >= 1) need the truncated importance
     weight, which corrects the PPO ratio for the stale behaviour policy."""
     placement = placement_of(cfg.placement)
     out = [(p.key or "placement", p.message) for p in placement.problems(cfg.parallel, cfg.placement)]
     algo = cfg.algorithm
     spec = ALGORITHMS.get(algo.name)
-    if spec is not None and not spec.online and not placement.single_pool:
-        out.append(("placement.kind", f"{algo.name} runs policy and reference colocated"))
-    elif placement.models_pool and spec is not None and not (spec.needs_critic or algo.kl_coef > 0):
+    if placement.models_pool and spec is not None and not (spec.needs_critic or algo.kl_coef > 0):
         out.append(
             (
                 "placement.kind",
@@ -280,19 +328,11 @@ def _name_rules(name: str) -> list[tuple[str, str]]:
     return []
 
 
-def _token_budget_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
-    """optim.max_tokens_per_micro_batch holds the longest sequence; DPO keeps pairs in one micro-batch
-    and on one DP rank (no token budget, no token balancing)."""
+def _rl_token_budget_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
+    """optim.max_tokens_per_micro_batch holds the longest sequence."""
     budget, key = cfg.optim.max_tokens_per_micro_batch, "optim.max_tokens_per_micro_batch"
-    offline = not ALGORITHMS.get(cfg.algorithm.name, ALGORITHMS["grpo"]).online
-    if offline and cfg.optim.balance_dp_tokens:
-        return [("optim.balance_dp_tokens", f"{cfg.algorithm.name} dispatches whole pairs to DP ranks")]
-    if budget is None:
-        return []
-    if offline:
-        return [(key, f"{cfg.algorithm.name} keeps each pair in one micro-batch: use optim.micro_batch_size")]
     longest = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
-    if budget < longest:
+    if budget is not None and budget < longest:
         return [
             (
                 key,
@@ -303,10 +343,8 @@ def _token_budget_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
     return []
 
 
-def _required_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
+def _reward_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
     out = []
-    if cfg.data.source != "builtin" and not cfg.data.path:
-        out.append(("data.path", f"missing required field (data.source={cfg.data.source!r} reads a file)"))
     if cfg.reward.function is not None:
         if cfg.reward.name != "task":
             out.append(("reward.name", "reward.function replaces reward.name: set one of them"))
@@ -314,13 +352,19 @@ def _required_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
             out.append(
                 (problem.key, f"{problem.file}: {problem.message}" if problem.file else problem.message)
             )
-    out += _token_budget_rules(cfg)
     if not cfg.reward.timeout_s > 0:
         out.append(("reward.timeout_s", f"must be > 0, got {cfg.reward.timeout_s}"))
     if cfg.reward.name == "model" and not cfg.reward.model_path:
         out.append(
             ("reward.model_path", "missing required field (reward.name='model' needs a model directory)")
         )
+    return out
+
+
+def _required_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
+    out = []
+    if cfg.data.source != "builtin" and not cfg.data.path:
+        out.append(("data.path", f"missing required field (data.source={cfg.data.source!r} reads a file)"))
     if cfg.cluster.executor == "slurm" and cfg.cluster.profile is None and cfg.cluster.partition is None:
         out.append(
             ("cluster.profile", "missing required field (executor=slurm needs a profile or a partition)")

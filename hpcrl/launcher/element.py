@@ -53,6 +53,7 @@ from hpcrl.config.yaml_io import atomic_write, load_yaml
 from hpcrl.distributed.env import DistEnv, init_process_group
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.config import ExperimentConfig
+from hpcrl.experiment.stage_kinds import entrypoint_of
 from hpcrl.launcher.ranks import CONFIG_ERROR_EXIT, RankEnd, record_error
 from hpcrl.launcher.runlock import RunLocked, lock_targets, writer_lock
 from hpcrl.lifecycle import REQUEUE_SIGNAL, Lifecycle
@@ -135,7 +136,7 @@ def scoped_environ(overrides: dict[str, str]) -> Iterator[None]:
 
 
 def _run_rank(cfg: ExperimentConfig, env: DistEnv, run_dir: Path, lifecycle: Lifecycle) -> Any:
-    fn = load_entrypoint(cfg.entrypoint)
+    fn = load_entrypoint(entrypoint_of(cfg))
     with contextlib.ExitStack() as lock:
         refusal = _take_run_lock(lock, cfg, run_dir) if env.rank == 0 else None
         result = _run_in_group(fn, cfg, env, run_dir, lifecycle, refusal)

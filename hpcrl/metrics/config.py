@@ -14,6 +14,6 @@ class LoggingConfig:
     tensorboard: bool = True
     """Write TensorBoard event files under <run_dir>/tb."""
     progress: bool = True
-    """Show a rich progress bar with live reward (rank 0, when attached to a terminal or forced)."""
+    """Show a rich progress bar with the live headline (rank 0, when attached to a terminal or forced)."""
     plot: bool = True
-    """Write <run_dir>/reward.png at the end."""
+    """Plot the headline curve at the end: <run_dir>/reward.png (rl), accuracy.png (dpo)."""

@@ -6,12 +6,13 @@ from pathlib import Path
 from typing import Any
 
 from hpcrl.metrics.config import LoggingConfig
+from hpcrl.metrics.headline import Headline
 from hpcrl.metrics.plot import plot_reward_curve
 from hpcrl.metrics.sinks import METRICS_FILE, JsonlWriter, ProgressBar, TensorBoardWriter, read_jsonl
 
 
 class MetricsLogger:
-    """Fans each step's record out to JSONL / TensorBoard / progress bar; writes reward.png on close.
+    """Fans each step's record out to JSONL / TensorBoard / progress bar; plots the headline on close.
 
     On non-main ranks every call is a no-op, so callers need no rank checks.
     """
@@ -25,11 +26,13 @@ class MetricsLogger:
         is_main: bool = True,
         start_step: int = 0,
         force_progress: bool = False,
+        headline: Headline = Headline(),
     ):
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.sinks: list[Any] = []
         self.is_main = is_main
+        self.headline = headline
         if not is_main:
             return
         if cfg.jsonl:
@@ -37,7 +40,7 @@ class MetricsLogger:
         if cfg.tensorboard:
             self.sinks.append(TensorBoardWriter(self.run_dir))
         if cfg.progress:
-            self.sinks.append(ProgressBar(total_steps, start_step, force=force_progress))
+            self.sinks.append(ProgressBar(total_steps, start_step, force=force_progress, headline=headline))
 
     def log(self, record: dict[str, Any]) -> None:
         if "step" not in record:
@@ -46,7 +49,7 @@ class MetricsLogger:
             sink.write(record)
 
     def close(self) -> Path | None:
-        """Close sinks; return the reward plot's path when one was written."""
+        """Close sinks; return the headline plot's path when one was written."""
         for sink in self.sinks:
             sink.close()
         self.sinks = []
@@ -54,5 +57,6 @@ class MetricsLogger:
         if self.is_main and self.cfg.plot and metrics.exists():
             records = read_jsonl(metrics)
             if records:
-                return plot_reward_curve(records, self.run_dir / "reward.png", title=self.run_dir.name)
+                path = self.run_dir / self.headline.plot_file
+                return plot_reward_curve(records, path, title=self.run_dir.name, headline=self.headline)
         return None

@@ -1,23 +1,29 @@
-"""Reward curve PNG from metrics.jsonl records (matplotlib, headless Agg backend)."""
+"""A stage's headline curve (the reward of RL, the preference accuracy of DPO) as a PNG from
+metrics.jsonl records (matplotlib, headless Agg backend)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from hpcrl.metrics.headline import Headline
 
-def plot_reward_curve(records: list[dict[str, Any]], path: Path, title: str = "reward") -> Path:
-    """Train reward mean (with +-std band when logged) and held-out reward against step."""
+
+def plot_reward_curve(
+    records: list[dict[str, Any]], path: Path, title: str = "reward", headline: Headline = Headline()
+) -> Path:
+    """The headline's train value (with its +-spread band when logged) and held-out value against step."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
-    steps = [r["step"] for r in records if r.get("reward/mean") is not None]
-    means = [r["reward/mean"] for r in records if r.get("reward/mean") is not None]
-    ax.plot(steps, means, label="train reward (mean)")
-    stds = [r.get("reward/std") for r in records if r.get("reward/mean") is not None]
+    train = [r for r in records if r.get(headline.train) is not None]
+    steps = [r["step"] for r in train]
+    means = [r[headline.train] for r in train]
+    ax.plot(steps, means, label=f"train {headline.label} (mean)")
+    stds = [r.get(headline.spread) if headline.spread else None for r in train]
     if stds and all(s is not None for s in stds):
         ax.fill_between(
             steps,
@@ -25,11 +31,11 @@ def plot_reward_curve(records: list[dict[str, Any]], path: Path, title: str = "r
             [m + s for m, s in zip(means, stds, strict=True)],
             alpha=0.2,
         )
-    held = [(r["step"], r["reward/heldout"]) for r in records if r.get("reward/heldout") is not None]
+    held = [(r["step"], r[headline.heldout]) for r in records if r.get(headline.heldout) is not None]
     if held:
-        ax.plot(*zip(*held, strict=True), marker="o", label="held-out reward (greedy)")
+        ax.plot(*zip(*held, strict=True), marker="o", label=f"held-out {headline.label}")
     ax.set_xlabel("step")
-    ax.set_ylabel("reward")
+    ax.set_ylabel(headline.label)
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")

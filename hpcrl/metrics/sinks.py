@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from hpcrl.metrics.headline import Headline
+
 METRICS_FILE = "metrics.jsonl"
 
 
@@ -77,7 +79,8 @@ class TensorBoardWriter:
 
 
 class ProgressBar:
-    """rich progress bar: steps done, elapsed, and the latest train / held-out reward.
+    """rich progress bar: steps done, elapsed, and the latest train / held-out headline value (the reward
+    of RL; hpcrl.metrics.headline).
 
     On a terminal it redraws live. Otherwise (Slurm logs, CI, pipes) it prints one plain line at each
     held-out evaluation and every `plain_every` steps, so a batch log still shows the reward rising.
@@ -85,14 +88,16 @@ class ProgressBar:
 
     plain_every = 25
 
-    def __init__(self, total_steps: int, start_step: int = 0, force: bool = False):
+    def __init__(
+        self, total_steps: int, start_step: int = 0, force: bool = False, headline: Headline = Headline()
+    ):
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         console = Console(stderr=True, force_terminal=True if force else None)
         self.enabled = force or console.is_terminal
         self.progress = Progress(
-            TextColumn("[bold]RL"),
+            TextColumn(f"[bold]{headline.title}"),
             BarColumn(),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
@@ -102,20 +107,22 @@ class ProgressBar:
         )
         self.task = self.progress.add_task("rl", total=total_steps, completed=start_step, status="")
         self.heldout: float | None = None
+        self.headline = headline
         self.total_steps = total_steps
         self.started_s = time.monotonic()
         self.progress.start()
 
     def write(self, record: dict[str, Any]) -> None:
-        if record.get("reward/heldout") is not None:
-            self.heldout = record["reward/heldout"]
-        parts = [] if record.get("reward/mean") is None else [f"reward {record['reward/mean']:.3f}"]
+        train, heldout = record.get(self.headline.train), record.get(self.headline.heldout)
+        if heldout is not None:
+            self.heldout = heldout
+        parts = [] if train is None else [f"{self.headline.label} {train:.3f}"]
         if self.heldout is not None:
             parts.append(f"held-out {self.heldout:.3f}")
         status = "  ".join(parts)
         done = min(int(record["step"]) + 1, self.total_steps)  # a final eval-only record has step == total
         self.progress.update(self.task, completed=done, status=status)
-        if not self.enabled and (record.get("reward/heldout") is not None or done % self.plain_every == 1):
+        if not self.enabled and (heldout is not None or done % self.plain_every == 1):
             elapsed_s = time.monotonic() - self.started_s
             print(f"step {done}/{self.total_steps}  {status}  {elapsed_s:.1f}s", file=sys.stderr, flush=True)
 

@@ -226,8 +226,8 @@ ESTIMATORS: dict[str, Callable[[AdvantageInputs], AdvantageOutput]] = {
     "reinforce_pp": _reinforce_pp,
     "reinforce_pp_baseline": _reinforce_pp_baseline,
 }
-"""The online algorithms of hpcrl.algorithm.registry.ALGORITHMS by name. `dpo` is offline and has no
-estimator (see losses.dpo_loss)."""
+"""The estimators of hpcrl.algorithm.registry.ALGORITHMS by name (offline DPO is its own stage,
+hpcrl.rl.dpo, with no estimator)."""
 
 
 def compute_advantages(name: str, inp: AdvantageInputs) -> AdvantageOutput:

@@ -1,17 +1,18 @@
 """Offline DPO: a policy trainer learns from preference pairs against a frozen reference model.
 
-`main(cfg, run_dir)` is the job's entrypoint (`entrypoint: hpcrl.rl.dpo:main`, see templates/dpo_tiny.yaml);
-it runs on every rank after torch.distributed is initialised, like hpcrl.rl.job.main. Per step:
-  1. sample `algorithm.prompts_per_step` pairs (resumable cursor, hpcrl.data.cursor);
+`main(cfg, run_dir)` is the entrypoint of the `dpo` stage (`stage: dpo`, see templates/dpo_tiny.yaml; it
+reads the `dpo:` section, hpcrl.algorithm.config.DPOConfig); it runs on every rank after
+torch.distributed is initialised, like hpcrl.rl.job.main. Per step:
+  1. sample `dpo.pairs_per_step` pairs (resumable cursor, hpcrl.data.cursor);
   2. one [2N, S] batch, rows (chosen_0, rejected_0, chosen_1, ...): prompt + response + <eos>, the loss
      counting response tokens only;
   3. summed response log-probs of the frozen reference (the initial policy, never updated);
   4. one policy update on the DPO sigmoid loss (Rafailov et al. 2023, eq. 7; hpcrl.rl.losses.dpo_loss):
      L = -log sigmoid(beta [(log pi(y_w) - log ref(y_w)) - (log pi(y_l) - log ref(y_l))]).
 Metrics: dpo/loss, dpo/accuracy (share of pairs whose implicit reward prefers the chosen response),
-dpo/margin (mean implicit reward margin), dpo/chosen_reward, dpo/rejected_reward; every `eval_every`
-steps the same on the held-out pairs. `reward/mean` and `reward/heldout` carry the train and held-out
-preference accuracy so the progress bar and reward.png show DPO runs like RL runs.
+dpo/margin (mean implicit reward margin), dpo/chosen_reward, dpo/rejected_reward; every `dpo.eval_every`
+steps dpo/heldout_{loss,accuracy,margin} on the held-out pairs. The progress bar and accuracy.png show the
+train and held-out accuracy (the stage's headline, hpcrl.experiment.stage_kinds).
 
 Shape legend: B = sequences (2 per pair), N = pairs, S = prompt + response tokens (right padded).
 """
@@ -26,7 +27,6 @@ from pathlib import Path
 
 import torch
 
-from hpcrl.algorithm.registry import algorithm_problems
 from hpcrl.ckpt.state import seed_rngs
 from hpcrl.data.cursor import DataCursor, PromptSampler
 from hpcrl.data.preference import PreferencePair, load_preference_splits
@@ -34,7 +34,8 @@ from hpcrl.data.tokenizer import encode_prompts, model_tokenizer
 from hpcrl.distributed.layout import ParallelLayout
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.config import ExperimentConfig
-from hpcrl.experiment.rules import placement_rules
+from hpcrl.experiment.rules import dpo_rules
+from hpcrl.experiment.stage_kinds import STAGE_KINDS
 from hpcrl.lifecycle import Lifecycle
 from hpcrl.metrics.logger import MetricsLogger
 from hpcrl.rl.losses import dpo_loss
@@ -146,7 +147,6 @@ class DPODriver:
         batch.extras["ref_logprobs"] = self.reference.sequence_logprobs(batch)
         stats = self.policy.update(batch, dpo_loss_fn(self.beta))
         metrics = {"step": step, "dpo/loss": stats.pop("loss"), **stats}
-        metrics["reward/mean"] = metrics["dpo/accuracy"]
         seconds = time.perf_counter() - start
         metrics["time/train_s"] = seconds
         metrics["tps/train"] = int(batch.attention_mask_BT.sum()) / seconds
@@ -158,35 +158,13 @@ class DPODriver:
         if self.heldout_ref_B is None:
             self.heldout_ref_B = self.reference.sequence_logprobs(self.heldout)
         metrics = pair_metrics(self.policy.sequence_logprobs(self.heldout), self.heldout_ref_B, self.beta)
-        return {"step": step, **metrics, "reward/heldout": metrics["dpo/heldout_accuracy"]}
+        return {"step": step, **metrics}
 
 
 def dpo_problems(cfg: ExperimentConfig, world_size: int) -> list[Problem]:
-    """Everything wrong with a DPO config, before any rank builds a model."""
-
-    algo = cfg.algorithm
-    problems = []
-    if algo.name != "dpo":
-        problems.append(
-            Problem(f"the DPO entrypoint runs algorithm 'dpo', not {algo.name!r}", key="algorithm.name")
-        )
-    problems += [Problem(message, key=key) for key, message in placement_rules(cfg)]
-    problems += algorithm_problems(algo, cfg.rollout.samples_per_prompt, cfg.rollout.max_new_tokens)
-    if cfg.optim.micro_batch_size % 2:
-        problems.append(
-            Problem(
-                f"must be even for DPO (a micro-batch holds whole chosen/rejected pairs), "
-                f"got {cfg.optim.micro_batch_size}",
-                key="optim.micro_batch_size",
-            )
-        )
-    if algo.prompts_per_step < cfg.parallel.data:
-        problems.append(
-            Problem(
-                f"{algo.prompts_per_step} pairs per step leave some of the {cfg.parallel.data} DP ranks empty",
-                key="algorithm.prompts_per_step",
-            )
-        )
+    """Everything wrong with a DPO config, before any rank builds a model: the stage's rules (the same
+    ones `expand` ran, hpcrl.experiment.rules.dpo_rules) and the layout against this world."""
+    problems = [Problem(message, key=key) for key, message in dpo_rules(cfg)]
     try:
         layout = ParallelLayout.from_config(cfg.parallel)
         layout.check_world(world_size)
@@ -211,8 +189,8 @@ def build_dpo_driver(cfg: ExperimentConfig) -> DPODriver:
     make_batch(train + heldout)  # fail early on any pair too long for the model
     mbs = cfg.optim.micro_batch_size
     return DPODriver(
-        beta=cfg.algorithm.dpo_beta,
-        pairs_per_step=cfg.algorithm.prompts_per_step,
+        beta=cfg.dpo.beta,
+        pairs_per_step=cfg.dpo.pairs_per_step,
         policy=PairWorker(policy, mbs),
         reference=PairWorker(reference, mbs),
         sampler=PromptSampler(train, DataCursor(seed=cfg.data.shuffle_seed)),
@@ -232,8 +210,9 @@ def main(cfg: ExperimentConfig, run_dir: Path, lifecycle: Lifecycle | None = Non
     seed_rngs(cfg.seed)
     start = time.perf_counter()
     driver = build_dpo_driver(cfg)
-    logger = MetricsLogger(cfg.logging, run_dir, cfg.algorithm.steps, is_main=rank == 0)
-    every = cfg.algorithm.eval_every
+    headline = STAGE_KINDS["dpo"].headline
+    logger = MetricsLogger(cfg.logging, run_dir, cfg.dpo.steps, is_main=rank == 0, headline=headline)
+    every = cfg.dpo.eval_every
 
     def step(index: int) -> dict:
         # held-out metrics of the policy before this step's update (step 0: policy == reference)
@@ -244,8 +223,8 @@ def main(cfg: ExperimentConfig, run_dir: Path, lifecycle: Lifecycle | None = Non
     parts = ({"actor.": driver.policy.trainer}, [DataCursorState(driver)])
     last, plot = run_steps(
         cfg, run_dir, parts, logger, step, final, start,
-        steps=cfg.algorithm.steps, sleep_s=step_sleep_s(), lifecycle=lifecycle,
+        steps=cfg.dpo.steps, sleep_s=step_sleep_s(), lifecycle=lifecycle,
     )  # fmt: skip
     if rank == 0 and plot is not None:
-        print(f"hpcrl: reward curve {plot}", flush=True)
+        print(f"hpcrl: {headline.label} curve {plot}", flush=True)
     return last

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hpcrl.algorithm.registry import ALGORITHMS, algorithm_problems
+from hpcrl.algorithm.registry import algorithm_problems
 from hpcrl.ckpt.state import seed_rngs
 from hpcrl.distributed.layout import ParallelLayout
 from hpcrl.errors import ConfigError, Problem
@@ -35,13 +35,6 @@ def config_problems(cfg: ExperimentConfig, world_size: int) -> list[Problem]:
 
     algo, rollout = cfg.algorithm, cfg.rollout
     problems: list[Problem] = []
-    if not ALGORITHMS.get(algo.name, ALGORITHMS["grpo"]).online:
-        problems.append(
-            Problem(
-                f"{algo.name!r} is offline: set entrypoint: hpcrl.rl.dpo:main (see templates/dpo_tiny.yaml)",
-                key="algorithm.name",
-            )
-        )
     problems.extend(placement_problems(cfg, world_size))
     problems.extend(algorithm_problems(algo, rollout.samples_per_prompt, rollout.max_new_tokens))
     if rollout.max_new_tokens < 1:

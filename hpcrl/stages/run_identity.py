@@ -9,14 +9,14 @@ The fingerprint: the first 12 hex digits of sha256 over the canonical JSON of th
 leaves, minus the keys that say how long, where or how a run is carried out rather than what it trains
 (IDENTITY_FREE). Changing one of those keeps the identity, so a run continues from its own checkpoints:
     name, run_root       where the run directory lives (not what is trained)
-    algorithm.steps      how long to train: a run extended to more steps is the same run
+    algorithm.steps      how long to train (dpo.steps for DPO): a run extended to more steps is the same run
     logging.*            sinks and progress output
     checkpoint.*         cadence, retention, async, timeouts, the root's location, resume policy;
                          except checkpoint.resume_from (the weights a run starts from are part of it)
     cluster.*            executor, Slurm resources, environment (test knobs such as HPCRL_STEP_SLEEP_S)
     parallel.*           the layout: checkpoints load under another layout by design (resharded load)
-Everything else (seed, model, optim, rollout, algorithm but steps, data, reward, entrypoint) is identity:
-the same checkpoint under another seed or learning rate is another run's.
+Everything else of the stage's sections (seed, model, optim, rollout, algorithm but steps, data, reward,
+entrypoint, stage) is identity: the same checkpoint under another seed or learning rate is another run's.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ from typing import Any
 from hpcrl.config.schema import flatten, to_dict
 from hpcrl.config.yaml_io import atomic_write, canonical_json
 from hpcrl.errors import ConfigError, Problem
+from hpcrl.experiment.config import ExperimentConfig
+from hpcrl.experiment.stage_kinds import stage_data, stage_of
 from hpcrl.rewards.function import KEY as FUNCTION_KEY
 from hpcrl.rewards.function import source_sha256
 
@@ -40,8 +42,9 @@ log = logging.getLogger(__name__)
 
 RUN_FILE = "run.json"
 FINGERPRINT_LENGTH = 12
-IDENTITY_FREE = ("name", "run_root", "algorithm.steps", "logging", "checkpoint", "cluster", "parallel")
-"""Dotted keys (and the sections under them) that do not change a run's identity; see the docstring."""
+IDENTITY_FREE = ("name", "run_root", "logging", "checkpoint", "cluster", "parallel")
+"""Dotted keys (and the sections under them) that do not change a run's identity, with the stage's step
+count (its kind's `steps_key`); see the docstring."""
 IDENTITY_KEPT = ("checkpoint.resume_from",)
 """Keys under an IDENTITY_FREE section that are identity all the same."""
 
@@ -63,15 +66,17 @@ class RunIdentity:
         return asdict(self)
 
 
-def identity_config(cfg: Any) -> dict[str, Any]:
-    """The config leaves that make a run's identity (dotted key -> value)."""
-    return {key: value for key, value in flatten(to_dict(cfg)).items() if _is_identity(key)}
+def identity_config(cfg: ExperimentConfig) -> dict[str, Any]:
+    """The config leaves of its stage's sections that make a run's identity (dotted key -> value)."""
+    free = (*IDENTITY_FREE, stage_of(cfg).steps_key)
+    leaves = flatten(stage_data(to_dict(cfg)))
+    return {key: value for key, value in leaves.items() if _is_identity(key, free)}
 
 
-def _is_identity(key: str) -> bool:
+def _is_identity(key: str, free_keys: tuple[str, ...]) -> bool:
     if key in IDENTITY_KEPT:
         return True
-    return not any(key == free or key.startswith(free + ".") for free in IDENTITY_FREE)
+    return not any(key == free or key.startswith(free + ".") for free in free_keys)
 
 
 def fingerprint(config: dict[str, Any]) -> str:

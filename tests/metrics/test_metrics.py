@@ -55,3 +55,18 @@ def test_non_main_rank_writes_nothing_and_records_need_a_step(tmp_path):
     assert logger.close() is None and not list(tmp_path.iterdir())
     with pytest.raises(ValueError, match="without 'step'"):
         MetricsLogger(LoggingConfig(progress=False), tmp_path, 1).log({"reward/mean": 1.0})
+
+
+def test_a_stages_headline_is_what_the_progress_lines_and_the_plot_show(tmp_path, capsys):
+    """DPO's headline (preference accuracy): the plain progress lines (no terminal) quote it, not a
+    reward, and its curve is accuracy.png drawn from dpo/accuracy and dpo/heldout_accuracy."""
+    from hpcrl.experiment.stage_kinds import STAGE_KINDS
+
+    headline = STAGE_KINDS["dpo"].headline
+    logger = MetricsLogger(LoggingConfig(tensorboard=False), tmp_path, total_steps=3, headline=headline)
+    logger.log({"step": 0, "dpo/accuracy": 0.25, "dpo/heldout_accuracy": 0.5})
+    logger.log({"step": 1, "dpo/accuracy": 0.75})
+    png = logger.close()
+    err = capsys.readouterr().err
+    assert "step 1/3  preference accuracy 0.250  held-out 0.500" in err and "reward" not in err
+    assert png == tmp_path / "accuracy.png" and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

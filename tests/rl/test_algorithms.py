@@ -7,8 +7,8 @@ from dataclasses import fields
 
 import pytest
 
-from hpcrl.algorithm.config import AlgorithmConfig
-from hpcrl.algorithm.registry import ALGORITHMS, algorithm_problems
+from hpcrl.algorithm.config import AlgorithmConfig, DPOConfig
+from hpcrl.algorithm.registry import ALGORITHMS, algorithm_problems, dpo_problems
 
 
 def test_the_config_names_exactly_the_registered_algorithms():
@@ -19,7 +19,6 @@ def test_the_config_names_exactly_the_registered_algorithms():
 
 def test_a_good_config_has_no_problem():
     assert algorithm_problems(AlgorithmConfig(), samples_per_prompt=8, max_new_tokens=3) == []
-    assert algorithm_problems(AlgorithmConfig(name="dpo"), samples_per_prompt=1, max_new_tokens=1) == []
 
 
 @pytest.mark.parametrize(
@@ -40,7 +39,6 @@ def test_a_good_config_has_no_problem():
         ({"overlong_buffer_len": -1}, 4, "algorithm.overlong_buffer_len"),
         ({"overlong_penalty_factor": -1.0}, 4, "algorithm.overlong_penalty_factor"),
         ({"steps": 0}, 4, "algorithm.steps"),
-        ({"name": "dpo", "dpo_beta": 0.0}, 4, "algorithm.dpo_beta"),
     ],
 )
 def test_each_rule_names_its_key(overrides, samples, key):
@@ -71,3 +69,19 @@ def test_rules_fire_at_expand_through_the_cli(tmp_path):
     assert proc.returncode == 2, proc.stderr
     for key in ("rollout.samples_per_prompt", "algorithm.kl_in_reward", "algorithm.clip_ratio_c"):
         assert f"command line:{key}:" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        ({"steps": 0}, "dpo.steps"),
+        ({"pairs_per_step": 0}, "dpo.pairs_per_step"),
+        ({"beta": 0.0}, "dpo.beta"),
+        ({"beta": float("inf")}, "dpo.beta"),
+        ({"beta": float("nan")}, "dpo.beta"),
+        ({"eval_every": -1}, "dpo.eval_every"),
+    ],
+)
+def test_each_dpo_rule_names_its_key(overrides, key):
+    assert dpo_problems(DPOConfig()) == []
+    assert [p.key for p in dpo_problems(DPOConfig(**overrides))] == [key]

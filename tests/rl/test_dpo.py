@@ -65,26 +65,25 @@ def test_preference_jsonl_splits_and_names_a_missing_key(tmp_path):
 
 
 def test_dpo_config_rules_report_every_problem():
-    """The ranks check again what expand/submit checked (algorithm.dpo_beta and a split placement are
-    refused there already, so they are set here behind the resolver's back, as a config from elsewhere
-    could be)."""
-    cfg = tiny_config(TEMPLATE, **{"optim.micro_batch_size": 7})
+    """The ranks check again what expand/submit checked (dpo.beta and an odd micro-batch are refused
+    there already, so they are set here behind the resolver's back, as a config from elsewhere could be)."""
+    cfg = tiny_config(TEMPLATE)
     cfg = dataclasses.replace(
         cfg,
-        algorithm=dataclasses.replace(cfg.algorithm, dpo_beta=0.0),
-        placement=dataclasses.replace(cfg.placement, kind="split"),
+        dpo=dataclasses.replace(cfg.dpo, beta=0.0),
+        optim=dataclasses.replace(cfg.optim, micro_batch_size=7),
     )
     keys = {p.key for p in dpo_problems(cfg, world_size=2)}
-    assert keys == {"optim.micro_batch_size", "placement.kind", "algorithm.dpo_beta", "parallel"}
+    assert keys == {"optim.micro_batch_size", "dpo.beta", "parallel"}
     assert dpo_problems(tiny_config(TEMPLATE), world_size=1) == []
 
 
 @pytest.mark.dist
 def test_hpcrl_run_dpo_tiny_heldout_accuracy_and_margin_rise(tmp_path, capsys):
-    """`hpcrl run templates/dpo_tiny.yaml` (algorithm.name dpo, entrypoint hpcrl.rl.dpo:main), 20 steps."""
+    """`hpcrl run templates/dpo_tiny.yaml` (stage dpo: its entrypoint hpcrl.rl.dpo:main), 20 steps."""
     from hpcrl import cli
 
-    overrides = {"algorithm.steps": 20, "algorithm.eval_every": 10, "run_root": str(tmp_path)}
+    overrides = {"dpo.steps": 20, "dpo.eval_every": 10, "run_root": str(tmp_path)}
     overrides |= {"logging.tensorboard": False, "logging.progress": False}
     args = [f"--{k}={v}" for k, v in overrides.items()]
     assert cli.main(["run", str(TEMPLATE), *args]) == 0
@@ -100,7 +99,8 @@ def test_hpcrl_run_dpo_tiny_heldout_accuracy_and_margin_rise(tmp_path, capsys):
     assert held[-1][1] >= 0.8 and held[-1][2] > held[1][2] > 0, held
     assert rows[0]["dpo/loss"] == pytest.approx(torch.log(torch.tensor(2.0)).item(), rel=1e-5)
     assert rows[19]["dpo/loss"] < 0.65 and rows[19]["dpo/chosen_reward"] > rows[19]["dpo/rejected_reward"]
-    assert rows[-1]["reward/heldout"] == held[-1][1] and (metrics.parent / "reward.png").exists()
+    assert not any(key.startswith("reward/") for row in rows for key in row)  # accuracy is not a reward
+    assert (metrics.parent / "accuracy.png").exists() and not (metrics.parent / "reward.png").exists()
     assert str(metrics) in capsys.readouterr().out  # the run prints where its metrics go
 
 
@@ -108,7 +108,7 @@ def test_hpcrl_run_dpo_tiny_heldout_accuracy_and_margin_rise(tmp_path, capsys):
 @pytest.mark.slow
 def test_dpo_data_parallel_2_matches_one_rank(tmp_path):
     """Pairs are dispatched whole over DP ranks; d=2 gives d=1's losses (fp32, summation order only)."""
-    common = {"algorithm.steps": 3, "algorithm.eval_every": 0, "algorithm.prompts_per_step": 6}
+    common = {"dpo.steps": 3, "dpo.eval_every": 0, "dpo.pairs_per_step": 6}
     cfg1 = tiny_config(TEMPLATE, **common, **{"optim.micro_batch_size": 4})
     cfg2 = tiny_config(
         TEMPLATE, **common, **{"parallel.data": 2, "cluster.tasks_per_node": 2, "optim.micro_batch_size": 2}

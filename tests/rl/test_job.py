@@ -220,7 +220,7 @@ def test_a_raising_reward_is_skipped_and_counted_or_stops_the_run(tmp_path):
 
 def test_config_problems_are_all_reported_before_any_work():
     cfg = ExperimentConfig()
-    cfg.algorithm.name = "dpo"
+    cfg.algorithm.name = "dpo"  # offline DPO is a stage of its own (stage: dpo), not an RL algorithm
     cfg.rollout.engine = "hf"
     cfg.rollout.samples_per_prompt = 1
     cfg.parallel.rollout_tensor = 2

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from hpcrl.experiment.resolve import resolve
+from hpcrl.experiment.stage_kinds import entrypoint_of
 from hpcrl.rl.job import config_problems
 from hpcrl.rollout.engine_rule import EngineFacts, resolve_engine
 
@@ -16,7 +17,7 @@ GPU_RECIPES = sorted((TEMPLATES / "gpu").glob("*.yaml"))
 def test_cpu_templates_are_valid(name):
     cfg = resolve(TEMPLATES / name).elements[0].config
     assert config_problems(cfg, cfg.cluster.nodes * cfg.cluster.tasks_per_node) == []
-    assert cfg.entrypoint == "hpcrl.rl.job:main"
+    assert cfg.stage == "rl" and entrypoint_of(cfg) == "hpcrl.rl.job:main"
 
 
 @pytest.mark.parametrize("path", GPU_RECIPES, ids=[p.stem for p in GPU_RECIPES])
