@@ -38,6 +38,7 @@ from hpcrl.rl.collector import Collector, CollectorSettings, PromptCodec
 from hpcrl.rl.driver import RLDriver
 from hpcrl.rl.handoff import SideInputs, build_rollout_side
 from hpcrl.rl.learner import Learner, Models
+from hpcrl.rl.weight_sync import NoWeightSync, WeightSync
 from hpcrl.rl.workers import ActorWorker, Pool, RolloutWorker, Shards, TrainerWorker
 from hpcrl.rollout.base import SamplingParams
 from hpcrl.rollout.engine_rule import ENGINES, EngineFacts, resolve_engine
@@ -179,10 +180,12 @@ def _pooled_job(i: JobInputs) -> Job:
     driver over worker groups on `Pools`."""
     pools = Pools.for_config(i.cfg, i.world)
     actor_groups, model_groups = _pool_groups(i.cfg, pools)
-    actor, rollout = _build_actor_and_rollout(i.cfg, i.tokenizer, pools.actor, actor_groups, i.rank, i.world)
+    actor, rollout, weight_sync = _build_actor_and_rollout(
+        i.cfg, i.tokenizer, pools.actor, actor_groups, i.rank, i.world
+    )
     models = Models(actor, *_build_model_pool(i.cfg, pools.models, model_groups))
     collector = i.collector(rollout)
-    driver = RLDriver(collector, i.learner(models), actor.sync_weights, i.cfg.algorithm.eval_every)
+    driver = RLDriver(collector, i.learner(models), weight_sync, i.cfg.algorithm.eval_every)
     return Job(driver, i.logger(), trainers=models.trainers(), states=[DataCursorState(collector)])
 
 
@@ -223,8 +226,11 @@ def _temperature(cfg: ExperimentConfig) -> float:
     return cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
 
 
-def _build_actor_and_rollout(cfg: ExperimentConfig, tokenizer, pool: Pool, groups, rank: int, world: int):
-    """Actor trainer + reshard engine + rollout engine on the actor pool; stand-ins elsewhere."""
+def _build_actor_and_rollout(
+    cfg: ExperimentConfig, tokenizer, pool: Pool, groups, rank: int, world: int
+) -> tuple[ActorWorker, RolloutWorker, WeightSync]:
+    """Actor trainer, rollout engine and the reshard hand-off between them on the actor pool; stand-ins
+    elsewhere."""
 
     p = cfg.parallel
     layout = ParallelLayout.from_config(p)  # the actor pool's ranks are [0, layout.world_size)
@@ -237,8 +243,8 @@ def _build_actor_and_rollout(cfg: ExperimentConfig, tokenizer, pool: Pool, group
     world_group = dist.group.WORLD if world > 1 else None
     mbs = cfg.optim.micro_batch_size
     if rank not in pool:
-        actor = ActorWorker(None, None, mbs, pool, balance_tokens=cfg.optim.balance_dp_tokens)
-        return actor, RolloutWorker(None, Shards(-1, 1), world_group, tokenizer.pad_token_id)
+        actor = ActorWorker(None, mbs, pool, balance_tokens=cfg.optim.balance_dp_tokens)
+        return actor, RolloutWorker(None, Shards(-1, 1), world_group, tokenizer.pad_token_id), NoWeightSync()
     trainer = build_policy_trainer(cfg.model, cfg.optim, groups, temperature=_temperature(cfg))
     model_cfg = trainer.model_cfg  # read from the HF directory when model.hf_path is set
     params = dict(named_global_params(trainer.model, model_cfg, groups))  # read in place, never moved
@@ -262,9 +268,9 @@ def _build_actor_and_rollout(cfg: ExperimentConfig, tokenizer, pool: Pool, group
             written=written if p.verify_weight_sync else None,
         ),
     )
-    actor = ActorWorker(trainer, side.handoff, mbs, pool, balance_tokens=cfg.optim.balance_dp_tokens)
+    actor = ActorWorker(trainer, mbs, pool, balance_tokens=cfg.optim.balance_dp_tokens)
     shards = Shards(layout.rollout_coords(rank).data, layout.rollout_data)
-    return actor, RolloutWorker(
+    rollout = RolloutWorker(
         side.engine,
         shards,
         world_group,
@@ -272,6 +278,7 @@ def _build_actor_and_rollout(cfg: ExperimentConfig, tokenizer, pool: Pool, group
         sleep=side.sleep,
         max_num_seqs=None if kind.schedules_its_batches else cfg.rollout.max_num_seqs,
     )
+    return actor, rollout, side.handoff
 
 
 def _bucket_bytes(p) -> int:

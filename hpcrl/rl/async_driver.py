@@ -47,10 +47,11 @@ from hpcrl.rl.async_channel import (
     decode_batches,
     encode_batches,
 )
-from hpcrl.rl.async_weights import DoubleBufferedWeights, WeightSender
+from hpcrl.rl.async_weights import DoubleBufferedWeights
 from hpcrl.rl.collector import Collector, RolloutBatch
 from hpcrl.rl.learner import Learner
 from hpcrl.rl.timing import PhaseTimer, timing_metrics
+from hpcrl.rl.weight_sync import WeightSync
 from hpcrl.stages.stateful import DataCursorState
 
 if TYPE_CHECKING:
@@ -128,11 +129,11 @@ class AsyncTrainDriver:
         self,
         learner: Learner,
         channel: BatchChannel,
-        sender: WeightSender,
+        weight_sync: WeightSync,
         max_off_policy_steps: int,
         sampler: CursorMirror,
     ):
-        self.learner, self.channel, self.sender = learner, channel, sender
+        self.learner, self.channel, self.weight_sync = learner, channel, weight_sync
         self.state = AsyncState(max_off_policy_steps)
         self.queue: dict[int, RolloutBatch] = {}
         self.sampler = sampler
@@ -150,7 +151,7 @@ class AsyncTrainDriver:
     def _start(self, step: int) -> None:
         """First step (or final evaluation) of this process: the rollout pool gets this version."""
         if self.state.started is None:
-            self.sender.send(step)
+            self.weight_sync.publish(step)
             self.state.started, self.version = step, step
 
     def _receive(self, timer: PhaseTimer) -> RolloutMessage:
@@ -174,7 +175,7 @@ class AsyncTrainDriver:
         metrics |= _version_lag(step, batch, m)
         tokens = self.learner.train(step, batch, timer, metrics)
         with timer.phase("transfer"):
-            metrics |= self.sender.send(step + 1)
+            metrics |= self.weight_sync.publish(step + 1)
         self.version = step + 1
         if m >= 1:
             messages.append(self._receive(timer))

@@ -158,7 +158,7 @@ def build_training_side(cfg: ExperimentConfig, groups: AsyncGroups) -> tuple[Mod
     def params():
         return dict(named_global_params(trainer.model, trainer.model_cfg, g))
 
-    actor = ActorWorker(trainer, None, mbs, balance_tokens=balance)
+    actor = ActorWorker(trainer, mbs, balance_tokens=balance)
     return Models(actor, reference, critic), WeightSender(groups.transfer, params)
 
 
@@ -221,9 +221,9 @@ def build_async_driver(
     m = cfg.placement.max_off_policy_steps
     channel = BatchChannel(groups.channel, pools.rollout.start) if groups.channel is not None else None
     if rank in pools.train:
-        models, sender = build_training_side(cfg, groups)
+        models, weight_sync = build_training_side(cfg, groups)
         start = parts.sampler()  # the rollout pool's data position until its first message
         mirror = CursorMirror(start.rows, start.cursor)
-        return AsyncTrainDriver(parts.learner(models), channel, sender, m, mirror)
+        return AsyncTrainDriver(parts.learner(models), channel, weight_sync, m, mirror)
     rollout, weights = build_rollout_side(cfg, pools, groups, engine_name, model_cfg, tokenizer, rank)
     return AsyncRolloutDriver(parts.collector(rollout), channel, weights, m, cfg.algorithm.eval_every)

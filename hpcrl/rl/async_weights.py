@@ -55,7 +55,8 @@ class _BackgroundReceiver:
 
 
 class WeightSender:
-    """A training rank's side: send this rank's training shards as version `version`.
+    """A training rank's WeightSync (hpcrl.rl.weight_sync): send this rank's training shards as version
+    `version` to the rollout pool.
 
     `params()` returns {global Megatron name: this rank's training shard}, read at send time (the
     parameters themselves; the send completes before the next optimizer step writes them)."""
@@ -63,7 +64,7 @@ class WeightSender:
     def __init__(self, transfer: CrossPoolTransfer, params: Callable[[], Mapping[str, torch.Tensor]]):
         self.transfer, self.params = transfer, params
 
-    def send(self, version: int) -> dict[str, float]:
+    def publish(self, version: int) -> dict[str, float]:
         start = time.perf_counter()
         sent = self.transfer.send(self.params())
         return {

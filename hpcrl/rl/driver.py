@@ -1,8 +1,8 @@
 """The single-controller RL step (HybridFlow §4) for the colocated and split placements: weights
 train -> rollout, collect, train, as plain code over three parts.
 
-    weight sync   the actor's weights to the rollout engine through the reshard engine
-                  (`ActorWorker.sync_weights`, hpcrl.rl.handoff)
+    WeightSync    the actor's weights to the rollout engine through the reshard engine
+                  (hpcrl.rl.weight_sync; ReshardHandoff in hpcrl.rl.handoff)
     Collector     prompts -> responses -> scores: a RolloutBatch (hpcrl.rl.collector)
     Learner       old/ref log-probs, values, advantages, updates (hpcrl.rl.learner)
 
@@ -14,14 +14,10 @@ placement schedules the same Collector and Learner on two pools at once (hpcrl.r
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from hpcrl.rl.collector import Collector
 from hpcrl.rl.learner import Learner
 from hpcrl.rl.timing import PhaseTimer, timing_metrics
-
-WeightSync = Callable[[], dict[str, float]]
-"""One train -> rollout weight transition on this rank; returns its metrics."""
+from hpcrl.rl.weight_sync import WeightSync
 
 
 class RLDriver:
@@ -35,7 +31,7 @@ class RLDriver:
         timer = PhaseTimer()
         metrics: dict[str, float] = {"step": step}
         with timer.phase("reshard"):
-            metrics |= self.weight_sync()
+            metrics |= self.weight_sync.publish(step)  # the weights after `step` updates
         if self.eval_every and step % self.eval_every == 0:
             with timer.phase("eval"):  # the policy before this step's update, on the weights just synced
                 metrics["reward/heldout"] = self.collector.evaluate(step)
@@ -47,7 +43,7 @@ class RLDriver:
 
     def final_evaluation(self, step: int) -> dict[str, float]:
         """Held-out reward of the final policy (after the last update), logged as step `steps`."""
-        self.weight_sync()
+        self.weight_sync.publish(step)
         heldout = self.collector.evaluate(step)
         self.collector.rollout.sleep()
         return {"step": step, "reward/heldout": heldout}

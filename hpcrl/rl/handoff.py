@@ -38,7 +38,8 @@ from hpcrl.train.config import ModelConfig
 
 
 class ReshardHandoff:
-    """train -> rollout through the reshard engine, once per weight sync; returns this rank's metrics.
+    """train -> rollout through the reshard engine, once per weight sync (a WeightSync,
+    hpcrl.rl.weight_sync); returns this rank's metrics.
 
     `deliver(shard) -> tensors` consumes a generation shard between `to_generation` and `to_training`;
     with `store` instead, the engine gathers straight into that GenerationStore (`gather_into`).
@@ -66,7 +67,9 @@ class ReshardHandoff:
         finally:
             self.engine.to_training(shard)
 
-    def __call__(self) -> dict[str, float]:
+    def publish(self, version: int) -> dict[str, float]:
+        """Reshard the training shards into this rank's rollout engine now (`version` is implicit: the
+        engine reads the parameters as they are)."""
         before = self.engine.transport.total()
         tensors = self._transition()
         after = self.engine.transport.total()

@@ -242,26 +242,8 @@ class TrainerWorker:
 
 
 class ActorWorker(TrainerWorker):
-    """The policy: log-probs/entropy, PPO updates, and the train -> rollout weight hand-off (reshard)."""
-
-    def __init__(
-        self,
-        trainer,
-        handoff: Callable[[], dict[str, float]] | None,
-        micro_batch_size: int | None = None,
-        pool: Pool | None = None,
-        *,
-        balance_tokens: bool = False,
-    ):
-        super().__init__(trainer, micro_batch_size, pool, balance_tokens=balance_tokens)
-        self.handoff = handoff
-        """Moves the weights to this rank's rollout engine through the reshard engine and returns the
-        transition's metrics (hpcrl.rl.handoff.ReshardHandoff). None outside the actor pool: the rollout
-        engine lives with the actor, so nothing moves there."""
-
-    def sync_weights(self) -> dict[str, float]:
-        """One train -> rollout transition; this rank's reshard metrics ({} outside the actor pool)."""
-        return self.handoff() if self.handoff is not None else {}
+    """The policy: log-probs/entropy and PPO updates. Its weights reach the rollout engine through the
+    job's WeightSync (hpcrl.rl.weight_sync), which the driver holds."""
 
 
 def response_logprobs(exp: Experience, out: HeadOutputs) -> tuple[torch.Tensor, torch.Tensor | None]:

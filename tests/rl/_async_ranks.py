@@ -62,10 +62,10 @@ def double_buffer_ranks(rank: int, world: int) -> dict:
     if rank == 0:
         current = {"version": 1}
         sender = WeightSender(transfer, lambda: versions[current["version"]])
-        sent = [sender.send(1)]
+        sent = [sender.publish(1)]
         torch.distributed.barrier()  # rank 1 checked version 1 before version 2 is sent
         current["version"] = 2
-        sent.append(sender.send(2))
+        sent.append(sender.publish(2))
         return {"sent": sent}
     engine = HFRolloutEngine.from_model_config(cfg, pad_id=0, eos_id=2)
     front = next(engine.model.parameters())

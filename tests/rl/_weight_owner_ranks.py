@@ -55,7 +55,7 @@ def run_and_compare(rank: int, world: int, configs: list, run_root: str, steps: 
             metrics.append(job.driver.step(step))
             after = dict(trainer.model.named_parameters())
             moved.append(max(float((after[k].detach() - v).abs().max()) for k, v in before.items()))
-            job.driver.learner.models.actor.sync_weights()  # the weights of update `step`, as step + 1 starts
+            job.driver.weight_sync.publish(step + 1)  # the weights of update `step`, as step + 1 starts
             matched.append(_rollout_matches_trainer(job, cfg))
         job.close(True)
         out[name] = {"metrics": metrics, "matched": matched, "moved": moved}

@@ -22,7 +22,7 @@ from hpcrl.ckpt.manifest import read_manifest
 from hpcrl.data.tasks import Example
 from hpcrl.distributed.spawn import run_ranks
 from hpcrl.errors import ConfigError
-from hpcrl.experiment.rules import check_rules
+from hpcrl.experiment.stage_kinds import config_rules as check_rules
 from hpcrl.rl.assemble import placement_problems
 from hpcrl.rl.async_channel import (
     RolloutMessage,

@@ -108,7 +108,7 @@ def generation_parity_rank(
         engine = MegatronRolloutEngine.build(cfg, build_generation_groups(layout), PAD, EOS)
         store = GenerationStore.for_engine(reshard)
         store.bind(engine.global_params())
-        metrics = ReshardHandoff(reshard, store=store)()
+        metrics = ReshardHandoff(reshard, store=store).publish(0)
         params = engine.global_params()
         zero_copy = all(_in_storage(param, store.flats) for param in params.values())
         greedy = engine.generate(PROMPTS, SamplingParams(max_new_tokens=MAX_NEW_TOKENS).greedy())
@@ -123,7 +123,7 @@ def generation_parity_rank(
         store.sleep()
         freed = allocated - torch.cuda.memory_allocated() if torch.cuda.is_available() else None
         asleep = all(param.numel() == 0 for param in params.values())
-        ReshardHandoff(reshard, store=store)()  # wake: the parameters point into the new buffer
+        ReshardHandoff(reshard, store=store).publish(1)  # wake: the parameters point into the new buffer
         rewoken = all(_in_storage(param, store.flats) for param in params.values())
         again = engine.generate(PROMPTS, SamplingParams(max_new_tokens=MAX_NEW_TOKENS).greedy())
         results.append(
