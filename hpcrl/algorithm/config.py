@@ -1,5 +1,5 @@
 """Config owned by the algorithms: the RL stage's estimator, losses, KL and schedule (AlgorithmConfig) and
-the DPO stage's own (DPOConfig). Each stage reads only its section (hpcrl.experiment.stage_kinds)."""
+the DPO and SFT stages' own (DPOConfig, SFTConfig). Each stage reads only its section (hpcrl.experiment.stage_kinds)."""
 
 from __future__ import annotations
 
@@ -81,3 +81,15 @@ class DPOConfig:
     """DPO temperature beta (Rafailov et al. 2023, eq. 7): the weight of the implicit reward margin."""
     eval_every: int = 5
     """Evaluate held-out preference accuracy every this many steps (0: never)."""
+
+
+@dataclass(kw_only=True)
+class SFTConfig:
+    """Supervised fine-tuning (stage: sft): the policy learns the answers of (prompt, answer) rows."""
+
+    steps: int = 100
+    """Training steps (one update on `examples_per_step` rows each)."""
+    examples_per_step: int = 32
+    """(prompt, answer) rows per step; the loss counts answer tokens (and the closing <eos>) only."""
+    eval_every: int = 10
+    """Evaluate held-out loss and greedy exact match every this many steps (0: never)."""

@@ -1,5 +1,5 @@
-"""What each RL algorithm needs from the rest of the job, and the rules about `AlgorithmConfig` and
-`DPOConfig`.
+"""What each RL algorithm needs from the rest of the job, and the rules about `AlgorithmConfig`,
+`DPOConfig` and `SFTConfig`.
 
 Torch-free, so the config rules that run at `expand`/`submit` (hpcrl.experiment.rules) and the job's own
 check on the ranks (hpcrl.rl.job) read the same registry and the same rule function. The advantage
@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from hpcrl.algorithm.config import AlgorithmConfig, DPOConfig
+from hpcrl.algorithm.config import AlgorithmConfig, DPOConfig, SFTConfig
 from hpcrl.errors import Problem
 
 
@@ -117,5 +117,15 @@ def dpo_problems(dpo: DPOConfig) -> list[Problem]:
         ("dpo.pairs_per_step", dpo.pairs_per_step >= 1, f"must be >= 1, got {dpo.pairs_per_step}"),
         ("dpo.beta", 0 < dpo.beta < math.inf, f"must be a positive finite number, got {dpo.beta}"),
         ("dpo.eval_every", dpo.eval_every >= 0, f"must be >= 0 (0: never), got {dpo.eval_every}"),
+    ]
+    return [Problem(message, key=key) for key, ok, message in rules if not ok]
+
+
+def sft_problems(sft: SFTConfig) -> list[Problem]:
+    """Every problem of the SFT stage's own settings."""
+    rules = [
+        ("sft.steps", sft.steps >= 1, f"must be >= 1, got {sft.steps}"),
+        ("sft.examples_per_step", sft.examples_per_step >= 1, f"must be >= 1, got {sft.examples_per_step}"),
+        ("sft.eval_every", sft.eval_every >= 0, f"must be >= 0 (0: never), got {sft.eval_every}"),
     ]
     return [Problem(message, key=key) for key, ok, message in rules if not ok]

@@ -24,6 +24,7 @@ from hpcrl.config.yaml_io import loads_yaml
 from hpcrl.errors import ConfigError, Problem, cut
 from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.experiment.reference import reference
+from hpcrl.experiment.stage_kinds import STAGE_KINDS
 
 OVERRIDES_HELP = """\
 --<dotted.key> VALUE  set any config key, e.g. --optim.lr 1e-5 --cluster.nodes 2 (VALUE is YAML);
@@ -32,7 +33,7 @@ OVERRIDES_HELP = """\
 
 class HelpConfigAction(argparse.Action):
     """`--help-config [PREFIX|STAGE]`: print the config reference (all keys, those under PREFIX, or those a
-    stage reads: rl, dpo) and exit 0, like --help (no template needed)."""
+    stage reads: rl, dpo, sft) and exit 0, like --help (no template needed)."""
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
         sys.stdout.write(reference(values or ""))
@@ -55,7 +56,8 @@ def add_template_arguments(parser) -> None:
         default=argparse.SUPPRESS,
         metavar="PREFIX|STAGE",
         action=HelpConfigAction,
-        help="List every config key (or those under PREFIX, or those STAGE reads: rl, dpo) with its type, "
+        help=f"List every config key (or those under PREFIX, or those STAGE reads: {', '.join(STAGE_KINDS)}) "
+        "with its type, "
         "default and meaning; exit.",
     )
     add_override_arguments(parser)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from hpcrl.algorithm.config import AlgorithmConfig, DPOConfig
+from hpcrl.algorithm.config import AlgorithmConfig, DPOConfig, SFTConfig
 from hpcrl.ckpt.config import CheckpointConfig
 from hpcrl.cluster.config import ClusterConfig
 from hpcrl.data.config import DataConfig
@@ -23,7 +23,7 @@ from hpcrl.rewards.config import RewardConfig
 from hpcrl.rollout.config import RolloutConfig
 from hpcrl.train.config import ModelConfig, OptimizerConfig
 
-StageName = Literal["rl", "dpo"]
+StageName = Literal["rl", "dpo", "sft"]
 """The stage kinds (hpcrl.experiment.stage_kinds.STAGE_KINDS holds what each reads and runs)."""
 
 
@@ -38,10 +38,11 @@ class ExperimentConfig:
     run_root: str = "runs"
     """Where run directories are created (relative to the working directory)."""
     stage: StageName = "rl"
-    """What the element trains: `rl` (online RL: the algorithm, rollout, reward and placement sections)
-    or `dpo` (offline DPO: the dpo section). Each stage reads the shared sections (model, parallel,
-    optim, data, checkpoint, logging, cluster) and its own; a template setting another stage's section
-    is refused at expand (hpcrl.experiment.stage_kinds, which also names each stage's entrypoint)."""
+    """What the element trains: `rl` (online RL: the algorithm, rollout, reward and placement sections),
+    `dpo` (offline DPO: the dpo section) or `sft` (supervised fine-tuning: the sft section). Each stage
+    reads the shared sections (model, parallel, optim, data, checkpoint, logging, cluster) and its own; a
+    template setting another stage's section is refused at expand (hpcrl.experiment.stage_kinds, which
+    also names each stage's entrypoint)."""
     entrypoint: str | None = None
     """`module:function` every rank of an element calls as `fn(cfg, run_dir, lifecycle=...)`: the
     ExperimentConfig, the run directory (Path) and the run's hpcrl.lifecycle.Lifecycle (its
@@ -53,6 +54,7 @@ class ExperimentConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     dpo: DPOConfig = field(default_factory=DPOConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
     data: DataConfig = field(default_factory=DataConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)

@@ -10,7 +10,7 @@ import functools
 import re
 from collections.abc import Callable
 
-from hpcrl.algorithm.registry import ALGORITHMS, algorithm_problems, dpo_problems
+from hpcrl.algorithm.registry import ALGORITHMS, algorithm_problems, dpo_problems, sft_problems
 from hpcrl.ckpt.config import checkpoint_problems
 from hpcrl.cluster.rules import check_cluster
 from hpcrl.distributed.layout import ModelDims, ParallelLayout, model_problems
@@ -163,6 +163,17 @@ def dpo_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
         )
     if 1 <= pairs < ranks:
         out.append(("dpo.pairs_per_step", f"{pairs} pairs per step leave some of the {ranks} DP ranks empty"))
+    return out
+
+
+def sft_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
+    """The SFT stage's section, and one row per DP rank at least."""
+    out = [(p.key or "sft", p.message) for p in sft_problems(cfg.sft)]
+    rows, ranks = cfg.sft.examples_per_step, cfg.parallel.data
+    if 1 <= rows < ranks:
+        out.append(
+            ("sft.examples_per_step", f"{rows} rows per step leave some of the {ranks} DP ranks empty")
+        )
     return out
 
 

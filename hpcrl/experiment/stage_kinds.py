@@ -1,7 +1,8 @@
 """The stage kinds: what each kind of training stage reads, runs, checks and is watched by.
 
 `ExperimentConfig.stage` is the tag of a tagged union over the config's sections: every stage reads the
-SHARED sections, and each kind owns its own (rl: placement, rollout, algorithm, reward; dpo: dpo). The
+SHARED sections, and each kind owns its own (rl: placement, rollout, algorithm, reward; dpo: dpo; sft:
+sft). The
 union is kept where it shows:
 - a template, override or sweep that sets a section its stage does not read is refused at `expand`,
   naming the file and key (a DPO template with `algorithm.clip_ratio` would otherwise run, silently
@@ -25,7 +26,7 @@ from typing import Any
 
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.config import ExperimentConfig, StageName
-from hpcrl.experiment.rules import StageRules, check_rules, dpo_rules, rl_rules
+from hpcrl.experiment.rules import StageRules, check_rules, dpo_rules, rl_rules, sft_rules
 from hpcrl.metrics.headline import Headline
 
 SHARED_SECTIONS = ("model", "parallel", "optim", "data", "checkpoint", "logging", "cluster")
@@ -75,6 +76,22 @@ STAGE_KINDS: dict[str, StageKind] = {
                 train="dpo/accuracy",
                 heldout="dpo/heldout_accuracy",
                 label="preference accuracy",
+                spread=None,
+                plot_file="accuracy.png",
+            ),
+        ),
+        StageKind(
+            name="sft",
+            entrypoint="hpcrl.rl.sft:main",
+            sections=("sft",),
+            rules=sft_rules,
+            steps_key="sft.steps",
+            headline=Headline(
+                title="SFT",
+                train="sft/token_accuracy",
+                heldout="sft/heldout_exact_match",
+                label="token accuracy",
+                heldout_label="held-out exact match",
                 spread=None,
                 plot_file="accuracy.png",
             ),

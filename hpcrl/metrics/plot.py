@@ -33,7 +33,7 @@ def plot_reward_curve(
         )
     held = [(r["step"], r[headline.heldout]) for r in records if r.get(headline.heldout) is not None]
     if held:
-        ax.plot(*zip(*held, strict=True), marker="o", label=f"held-out {headline.label}")
+        ax.plot(*zip(*held, strict=True), marker="o", label=f"{headline.heldout_label} ({headline.heldout})")
     ax.set_xlabel("step")
     ax.set_ylabel(headline.label)
     ax.set_title(title)

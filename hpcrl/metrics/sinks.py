@@ -118,7 +118,7 @@ class ProgressBar:
             self.heldout = heldout
         parts = [] if train is None else [f"{self.headline.label} {train:.3f}"]
         if self.heldout is not None:
-            parts.append(f"held-out {self.heldout:.3f}")
+            parts.append(f"{self.headline.heldout_label} {self.heldout:.3f}")
         status = "  ".join(parts)
         done = min(int(record["step"]) + 1, self.total_steps)  # a final eval-only record has step == total
         self.progress.update(self.task, completed=done, status=status)

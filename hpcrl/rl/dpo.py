@@ -27,22 +27,15 @@ from pathlib import Path
 
 import torch
 
-from hpcrl.ckpt.state import seed_rngs
 from hpcrl.data.cursor import DataCursor, PromptSampler
 from hpcrl.data.preference import PreferencePair, load_preference_splits
-from hpcrl.data.tokenizer import encode_prompts, model_tokenizer
-from hpcrl.distributed.layout import ParallelLayout
-from hpcrl.errors import ConfigError, Problem
+from hpcrl.data.tokenizer import model_tokenizer
 from hpcrl.experiment.config import ExperimentConfig
-from hpcrl.experiment.rules import dpo_rules
-from hpcrl.experiment.stage_kinds import STAGE_KINDS
 from hpcrl.lifecycle import Lifecycle
-from hpcrl.metrics.logger import MetricsLogger
 from hpcrl.rl.losses import dpo_loss
 from hpcrl.rl.workers import TrainerWorker
-from hpcrl.stages.loop import run_steps
-from hpcrl.stages.rank import enter_rank, step_sleep_s
-from hpcrl.stages.stateful import DataCursorState
+from hpcrl.stages.sequences import response_batch
+from hpcrl.stages.trainer_stage import run_trainer_stage
 from hpcrl.train.batch import TrainBatch
 from hpcrl.train.model import build_train_groups
 from hpcrl.train.trainer import build_policy_trainer
@@ -52,34 +45,10 @@ log = logging.getLogger(__name__)
 
 def pair_batch(pairs: list[PreferencePair], tokenizer, max_prompt_length: int, context: int) -> TrainBatch:
     """The [2N, S] batch of `pairs` (chosen then rejected per pair), right padded; a pair longer than the
-    model's context is a ConfigError naming it."""
-
-    prompts = encode_prompts(tokenizer, [p.prompt for p in pairs], max_prompt_length)
-    texts = [r for p in pairs for r in (p.chosen, p.rejected)]
-    responses = tokenizer(texts, add_special_tokens=False)["input_ids"]
-    rows, starts = [], []
-    for i, response in enumerate(responses):
-        prompt = prompts[i // 2]
-        rows.append(prompt + list(response) + [tokenizer.eos_token_id])
-        starts.append(len(prompt))
-    too_long = [i // 2 for i, row in enumerate(rows) if len(row) > context]
-    if too_long:
-        raise ConfigError(
-            Problem(
-                f"{len(set(too_long))} pair(s) exceed the model's context of {context} tokens "
-                f"(first: {pairs[too_long[0]].prompt[:40]!r})",
-                key="model.max_position_embeddings",
-            )
-        )
-    width = max(len(row) for row in rows)
-    ids_BS = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
-    attention_BS = torch.zeros((len(rows), width), dtype=torch.bool)
-    response_BS = torch.zeros((len(rows), width), dtype=torch.bool)
-    for b, (row, start) in enumerate(zip(rows, starts, strict=True)):
-        ids_BS[b, : len(row)] = torch.tensor(row)
-        attention_BS[b, : len(row)] = True
-        response_BS[b, start : len(row)] = True
-    return TrainBatch(ids_BS, attention_BS, response_BS)
+    model's context is a ConfigError naming it (hpcrl.stages.sequences.response_batch)."""
+    prompts = [p.prompt for p in pairs for _ in range(2)]
+    responses = [r for p in pairs for r in (p.chosen, p.rejected)]
+    return response_batch(prompts, responses, tokenizer, max_prompt_length, context)
 
 
 class PairWorker(TrainerWorker):
@@ -161,19 +130,6 @@ class DPODriver:
         return {"step": step, **metrics}
 
 
-def dpo_problems(cfg: ExperimentConfig, world_size: int) -> list[Problem]:
-    """Everything wrong with a DPO config, before any rank builds a model: the stage's rules (the same
-    ones `expand` ran, hpcrl.experiment.rules.dpo_rules) and the layout against this world."""
-    problems = [Problem(message, key=key) for key, message in dpo_rules(cfg)]
-    try:
-        layout = ParallelLayout.from_config(cfg.parallel)
-        layout.check_world(world_size)
-        layout.check_model(cfg.model)
-    except ConfigError as err:
-        problems.extend(err.problems)
-    return problems
-
-
 def build_dpo_driver(cfg: ExperimentConfig) -> DPODriver:
     tokenizer = model_tokenizer(cfg.model.hf_path, cfg.model.vocab_size)
     train, heldout = load_preference_splits(cfg.data)
@@ -200,31 +156,7 @@ def build_dpo_driver(cfg: ExperimentConfig) -> DPODriver:
 
 
 def main(cfg: ExperimentConfig, run_dir: Path, lifecycle: Lifecycle | None = None) -> dict:
-    """Run offline DPO on this rank; returns the last step's metrics (with the final held-out ones).
-
-    Checkpoints like the RL job (hpcrl.stages.checkpointing): the policy ("actor." shards, AdamW state), the
-    pair cursor and RNG states; resume=auto continues from `latest` with every step logged once."""
-
-    cfg, rank, _ = enter_rank(cfg, run_dir, dpo_problems)
-    run_dir = Path(run_dir)
-    seed_rngs(cfg.seed)
-    start = time.perf_counter()
-    driver = build_dpo_driver(cfg)
-    headline = STAGE_KINDS["dpo"].headline
-    logger = MetricsLogger(cfg.logging, run_dir, cfg.dpo.steps, is_main=rank == 0, headline=headline)
-    every = cfg.dpo.eval_every
-
-    def step(index: int) -> dict:
-        # held-out metrics of the policy before this step's update (step 0: policy == reference)
-        metrics = driver.evaluate(index) if every and index % every == 0 else {}
-        return metrics | driver.step(index)
-
-    final = driver.evaluate if every else None  # the final policy, logged as step `steps`
-    parts = ({"actor.": driver.policy.trainer}, [DataCursorState(driver)])
-    last, plot = run_steps(
-        cfg, run_dir, parts, logger, step, final, start,
-        steps=cfg.dpo.steps, sleep_s=step_sleep_s(), lifecycle=lifecycle,
-    )  # fmt: skip
-    if rank == 0 and plot is not None:
-        print(f"hpcrl: {headline.label} curve {plot}", flush=True)
-    return last
+    """Run offline DPO on this rank (hpcrl.stages.trainer_stage: checkpoints the policy as "actor." with
+    its AdamW state, the pair cursor and RNG states; resume=auto continues from `latest` with every step
+    logged once)."""
+    return run_trainer_stage(cfg, run_dir, lifecycle, build_dpo_driver, cfg.dpo.eval_every)

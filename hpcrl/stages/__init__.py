@@ -1,10 +1,13 @@
-"""What every training stage shares (the RL job hpcrl.rl.job, offline DPO hpcrl.rl.dpo; SFT, reward
-model and KTO next): the rank preamble, the step loop, checkpoint and resume over `Stateful`s, the run's
-identity.
+"""What every training stage shares (the RL job hpcrl.rl.job, offline DPO hpcrl.rl.dpo, SFT
+hpcrl.rl.sft; reward model and KTO next): the rank preamble, the prompt + response batch, the step loop,
+checkpoint and resume over `Stateful`s, the run's identity. Which stage an element runs, and what it
+reads: hpcrl.experiment.stage_kinds.
 
 | file             | role                                                                             |
 |------------------|----------------------------------------------------------------------------------|
 | rank.py          | `enter_rank`: the stage's config rules, the resolved model, the run dir; the step-sleep test knob |
+| sequences.py     | `response_batch`: prompt + response + <eos> rows, right padded, the loss mask on the response |
+| trainer_stage.py | `run_trainer_stage`: a stage training one policy on a dataset (SFT, DPO) around its driver |
 | loop.py          | `run_steps`: resume, steps, saves and stops by the trigger, final evaluation, close |
 | checkpointing.py | `StageCheckpointing`: save / resume of trainers and Statefuls, run identity checks, metrics cut back |
 | stateful.py      | the `Stateful` protocol; TrainerStates (weights, AdamW, loss scale), DataCursorState |

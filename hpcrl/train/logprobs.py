@@ -42,6 +42,15 @@ def vocab_parallel_logprobs_entropy(
     entropy = log S - (1/S) sum_v exp(z_v - m) (z_v - m).
     Sums over v span all TP ranks. Returns (logprobs_BT, entropy_BT), float32.
     """
+    logprobs_BT, entropy_BT, _ = _logprobs_entropy_margin(logits_BTVt, targets_BT, tp_group, vocab_start)
+    return logprobs_BT, entropy_BT
+
+
+def _logprobs_entropy_margin(
+    logits_BTVt: torch.Tensor, targets_BT: torch.Tensor, tp_group: dist.ProcessGroup | None, vocab_start: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(logprobs_BT, entropy_BT, z_y - m): the last is 0 exactly where the target is an argmax of the
+    full vocabulary (m is the global max), negative elsewhere."""
     logits = logits_BTVt.float()
     vt = logits.shape[-1]
     m_BT = logits.detach().max(dim=-1).values
@@ -58,7 +67,7 @@ def vocab_parallel_logprobs_entropy(
     logprobs_BT = target_shifted_BT - log_sum_BT
     weighted_BT = _reduce_sum((exp * shifted).sum(-1), tp_group)
     entropy_BT = log_sum_BT - weighted_BT / sum_exp_BT
-    return logprobs_BT, entropy_BT
+    return logprobs_BT, entropy_BT, target_shifted_BT
 
 
 def shift_to_tokens(per_position_BT: torch.Tensor) -> torch.Tensor:
@@ -73,6 +82,8 @@ class HeadOutputs:
     logprobs_BT: torch.Tensor | None = None
     entropy_BT: torch.Tensor | None = None
     values_BT: torch.Tensor | None = None
+    greedy_BT: torch.Tensor | None = None
+    """1.0 where token t is the model's argmax given x_<t (greedy decoding would produce it), else 0."""
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {k: v for k, v in vars(self).items() if v is not None}
@@ -81,25 +92,35 @@ class HeadOutputs:
 class PolicyHead:
     """Turns vocab-parallel logits [B, T, Vt] into token log-probs and entropy (actor, reference).
 
-    `temperature` divides the logits first, to score tokens the way the rollout sampled them.
+    `temperature` divides the logits first, to score tokens the way the rollout sampled them. With
+    `greedy`, also whether each token is the argmax (`greedy_BT`: SFT's token accuracy and exact match).
     """
 
-    keys = ("logprobs_BT", "entropy_BT")
-
-    def __init__(self, tp_group: dist.ProcessGroup | None, tp_rank: int, temperature: float = 1.0):
+    def __init__(
+        self,
+        tp_group: dist.ProcessGroup | None,
+        tp_rank: int,
+        temperature: float = 1.0,
+        *,
+        greedy: bool = False,
+    ):
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
         self.tp_group, self.tp_rank, self.temperature = tp_group, tp_rank, temperature
+        self.keys = ("logprobs_BT", "entropy_BT", "greedy_BT") if greedy else ("logprobs_BT", "entropy_BT")
 
     def __call__(self, model_out_BTX: torch.Tensor, input_ids_BT: torch.Tensor) -> HeadOutputs:
         logits = model_out_BTX[:, :-1]
         if self.temperature != 1.0:
             logits = logits / self.temperature
         vocab_start = self.tp_rank * model_out_BTX.shape[-1]
-        logprobs, entropy = vocab_parallel_logprobs_entropy(
+        logprobs, entropy, margin = _logprobs_entropy_margin(
             logits, input_ids_BT[:, 1:], self.tp_group, vocab_start
         )
-        return HeadOutputs(logprobs_BT=shift_to_tokens(logprobs), entropy_BT=shift_to_tokens(entropy))
+        greedy = shift_to_tokens((margin.detach() >= 0).float()) if "greedy_BT" in self.keys else None
+        return HeadOutputs(
+            logprobs_BT=shift_to_tokens(logprobs), entropy_BT=shift_to_tokens(entropy), greedy_BT=greedy
+        )
 
 
 class ValueHead:

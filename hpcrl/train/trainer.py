@@ -250,15 +250,22 @@ def build_policy_trainer(
     groups: TrainGroups,
     *,
     temperature: float = 1.0,
+    greedy: bool = False,
 ) -> Trainer:
-    """Actor (with optimizer) or reference (optim_cfg=None): log-probs and entropy from the LM head.
-    Loads `model_cfg.hf_path` when set, else random init from `model_cfg.init_seed`."""
+    """Actor (with optimizer) or reference (optim_cfg=None): log-probs and entropy from the LM head (with
+    `greedy`, whether each token is the argmax too). Loads `model_cfg.hf_path` when set, else random init
+    from `model_cfg.init_seed`."""
     if model_cfg.hf_path:
         model, model_cfg = _from_hf(model_cfg, groups)
     else:
         model = build_gpt_model(model_cfg, groups)
     return _build(
-        model, model_cfg, groups, PolicyHead(groups.tp, groups.tp_rank, temperature), optim_cfg, None
+        model,
+        model_cfg,
+        groups,
+        PolicyHead(groups.tp, groups.tp_rank, temperature, greedy=greedy),
+        optim_cfg,
+        None,
     )
 
 

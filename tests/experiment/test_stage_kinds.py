@@ -12,7 +12,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hpcrl.cli import app as cli
 from hpcrl.config.schema import leaf_types
 from hpcrl.errors import ConfigError
 from hpcrl.experiment.config import ExperimentConfig, StageName
@@ -26,18 +25,10 @@ from hpcrl.experiment.stage_kinds import (
     stage_data,
 )
 from hpcrl.stages.run_identity import identity_config
+from tests.cli.test_cli import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
-GRPO, DPO = REPO / "templates/grpo_tiny.yaml", REPO / "templates/dpo_tiny.yaml"
-
-
-def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
-    try:
-        code = cli.main([str(a) for a in argv])
-    except SystemExit as end:
-        code = end.code
-    out, err = capsys.readouterr()
-    return code, out, err
+GRPO, DPO, SFT = (REPO / "templates" / f"{name}_tiny.yaml" for name in ("grpo", "dpo", "sft"))
 
 
 def test_every_section_is_shared_or_owned_by_exactly_one_stage():
@@ -121,6 +112,7 @@ def test_run_identity_reads_the_stages_sections_and_frees_its_step_count():
 
 def test_the_entrypoint_is_the_stages_unless_the_config_names_one():
     assert entrypoint_of(resolve(DPO).elements[0].config) == "hpcrl.rl.dpo:main"
+    assert entrypoint_of(resolve(SFT).elements[0].config) == "hpcrl.rl.sft:main"
     assert entrypoint_of(resolve(GRPO).elements[0].config) == "hpcrl.rl.job:main"
     own = resolve(GRPO, {"entrypoint": "hpcrl.launcher.probe:main"}).elements[0].config
     assert entrypoint_of(own) == "hpcrl.launcher.probe:main"
@@ -132,6 +124,8 @@ def test_help_config_of_a_stage_lists_only_what_it_reads(capsys):
         "--dpo.beta" in dpo and "--optim.lr" in dpo and "--algorithm." not in dpo and "--rollout." not in dpo
     )
     assert "--algorithm.clip_ratio" in rl and "--placement.kind" in rl and "--dpo." not in rl
+    sft = reference("sft")
+    assert "--sft.examples_per_step" in sft and "--dpo." not in sft and "--algorithm." not in sft
     everything = reference()
     assert "algorithm: The RL algorithm the driver runs (stage: rl). [stage rl only]" in everything
     code, out, _ = run_cli(capsys, "run", "--help-config", "dpo")
@@ -142,6 +136,8 @@ def test_help_config_of_a_stage_lists_only_what_it_reads(capsys):
 
 @pytest.mark.parametrize("command", ["plan", "rehearse"])
 def test_plan_and_rehearse_refuse_a_stage_they_do_not_model(command, capsys, tmp_path):
+    code, _, err = run_cli(capsys, command, SFT)
+    assert code == 2 and "this template's stage is sft" in err
     code, out, err = run_cli(
         capsys, command, DPO, *(["--dir", tmp_path / "r"] if command == "rehearse" else [])
     )

@@ -12,7 +12,8 @@ from hpcrl.data.tasks import Example
 from hpcrl.distributed.spawn import run_ranks
 from hpcrl.errors import ConfigError
 from hpcrl.metrics.sinks import read_jsonl
-from hpcrl.rl.dpo import dpo_problems, pair_batch
+from hpcrl.rl.dpo import pair_batch
+from hpcrl.stages.trainer_stage import stage_problems as dpo_problems
 from tests.rl._job_ranks import tiny_config
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "dpo_tiny.yaml"
