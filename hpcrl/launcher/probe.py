@@ -22,6 +22,7 @@ from hpcrl.config.schema import to_dict
 from hpcrl.config.yaml_io import atomic_write
 from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.experiment.resolve import config_id
+from hpcrl.experiment.stage_kinds import stage_data
 from hpcrl.lifecycle import Lifecycle
 
 RESULT = "probe.json"
@@ -44,7 +45,7 @@ def main(cfg: ExperimentConfig, run_dir: Path, lifecycle: Lifecycle | None = Non
         "all_reduce": total.item(),
         "expected_all_reduce": world * (world + 1) / 2,
         "nodes": nodes,
-        "config_id": config_id(to_dict(cfg)),
+        "config_id": config_id(stage_data(to_dict(cfg))),  # an id hashes its stage's sections only
         "env": {key: os.environ.get(key) for key in cfg.cluster.env},
         "job_id": os.environ.get("SLURM_JOB_ID"),
         "array_task_id": os.environ.get("SLURM_ARRAY_TASK_ID"),

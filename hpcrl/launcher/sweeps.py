@@ -31,6 +31,7 @@ from hpcrl.errors import ClusterError, ConfigError, Problem, cut
 from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.experiment.elements import config_id
 from hpcrl.experiment.resolve import ResolvedConfig, Sweep
+from hpcrl.experiment.stage_kinds import section_problems, stage_data
 from hpcrl.launcher import local, preflight, slurm
 from hpcrl.launcher.manifest import (
     CONFIG_FILE,
@@ -488,7 +489,7 @@ def resumed_element(entry: Entry, overrides: dict[str, Any]) -> ResolvedConfig:
     path = Path(entry.config_path)
     verify_config(path, entry.config_id)
     cfg = load_resolved(path)
-    data = to_dict(cfg)
+    data = stage_data(to_dict(cfg))  # what config.yaml and the id hold: the stage's sections
     if not overrides:
         return ResolvedConfig(entry.index, entry.config_id, cfg, data, entry.swept)
     for key, value in overrides.items():
@@ -499,10 +500,11 @@ def resumed_element(entry: Entry, overrides: dict[str, Any]) -> ResolvedConfig:
     checked, problems = check_tree(
         data, ExperimentConfig, lambda key: "command line" if key in overrides else str(path)
     )
+    problems += section_problems(checked.get("stage", cfg.stage), overrides, lambda key: "command line")
     if problems:
         raise ConfigError(problems)
     cfg = build(ExperimentConfig, checked)
-    data = to_dict(cfg)
+    data = stage_data(to_dict(cfg))
     return ResolvedConfig(entry.index, config_id(data), cfg, data, entry.swept)
 
 

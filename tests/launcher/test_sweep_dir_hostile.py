@@ -366,6 +366,7 @@ def test_a_malformed_local_state_file_is_exit_2(sweep, capsys, record):
         ["--cluster.cpus_per_task", "-5"],
         ["--cluster.cpus_per_task", str(10**30)],
         ["--cluster.env", "{PATH: /tmp/evil}"],
+        ["--dpo.beta", "0.5"],  # another stage's section (the sweep's elements are stage rl)
     ],
 )
 def test_resume_checks_overrides_when_nothing_is_resumed(sweep, capsys, value):

@@ -166,11 +166,13 @@ def megatron_vs_torch_backend(rank: int, world_size: int, tensor: int, dtype: st
     }
     pairs = list(zip(reference.model.parameters(), megatron.model.parameters(), strict=True))
     param_diff = max(float((a.detach().float() - b.detach().float()).abs().max()) for a, b in pairs)
+    param_ulps = max(_ulps(a.detach(), b.detach()) for a, b in pairs)
     state_diff = 0.0
     for a, b in pairs:
         sa, sb = reference.param_state(a), megatron.param_state(b)
-        for key in ("exp_avg", "exp_avg_sq"):
-            state_diff = max(state_diff, float((sa[key].float() - sb[key].float()).abs().max()))
+        for key in ("exp_avg", "exp_avg_sq", "master"):
+            if key in sa and key in sb:
+                state_diff = max(state_diff, float((sa[key].float() - sb[key].float()).abs().max()))
     fresh = _trainer(cfg, groups, "megatron")
     for src, dst in zip(megatron.model.parameters(), fresh.model.parameters(), strict=True):
         state = megatron.param_state(src)
@@ -178,12 +180,23 @@ def megatron_vs_torch_backend(rank: int, world_size: int, tensor: int, dtype: st
     return {
         "losses": losses,
         "param_diff": param_diff,
+        "param_ulps": param_ulps,
+        "param_dtype": str(reference.model_cfg.dtype),
         "state_diff": state_diff,
         "restored_diff": _state_diff(megatron, fresh),
         "next_losses": [[t.update(batch, policy_loss)["loss"] for _ in range(2)] for t in (megatron, fresh)],
         "update_type": type(megatron.update_step).__name__,
         "owned_fraction": _owned_fraction(megatron),
     }
+
+
+def _ulps(a: torch.Tensor, b: torch.Tensor) -> float:
+    """The largest |a - b| in units of the parameters' own dtype spacing at their magnitude (eps * max(|a|,
+    |b|): within a factor 2 of one ulp)."""
+    eps, tiny = torch.finfo(a.dtype).eps, torch.finfo(a.dtype).tiny
+    a32, b32 = a.float(), b.float()
+    scale = torch.maximum(a32.abs(), b32.abs()).clamp(min=tiny)
+    return float(((a32 - b32).abs() / (eps * scale)).max())
 
 
 def _state_diff(a, b) -> float:

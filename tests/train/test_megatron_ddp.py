@@ -89,7 +89,13 @@ def _assert_matches_torch_backend(results: list[dict], world: int, tensor: int, 
     for result in results:
         assert result["update_type"] == "MegatronUpdate"
         assert result["losses"]["megatron"] == pytest.approx(result["losses"]["torch"], rel=10 * tol, abs=tol)
-        assert result["param_diff"] <= tol and result["state_diff"] <= tol, result
+        assert result["state_diff"] <= tol, result  # fp32 masters and moments
+        if result["param_dtype"] in ("float16", "bfloat16"):
+            # the 16-bit weights are those masters rounded: masters 6e-8 apart that straddle a rounding
+            # boundary round 1 ulp apart (measured 2026-12-02: 1.2e-4 = 2^-13 at |w| ~ 0.2)
+            assert result["param_ulps"] <= 1.0, result
+        else:
+            assert result["param_diff"] <= tol, result
         assert result["restored_diff"] == 0.0, result  # masters, moments, step: bit for bit
         uninterrupted, restored = result["next_losses"]  # the 2nd update reads the restored moments and step
         assert uninterrupted == restored, result["next_losses"]
