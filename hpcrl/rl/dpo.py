@@ -35,7 +35,7 @@ from hpcrl.lifecycle import Lifecycle
 from hpcrl.rl.losses import dpo_loss
 from hpcrl.rl.workers import TrainerWorker
 from hpcrl.stages.sequences import response_batch
-from hpcrl.stages.trainer_stage import run_trainer_stage
+from hpcrl.stages.trainer_stage import run_trainer_stage, train_timing
 from hpcrl.train.batch import TrainBatch
 from hpcrl.train.model import build_train_groups
 from hpcrl.train.trainer import build_policy_trainer
@@ -115,11 +115,7 @@ class DPODriver:
         batch = self.make_batch(self.sampler.next_batch(self.pairs_per_step))
         batch.extras["ref_logprobs"] = self.reference.sequence_logprobs(batch)
         stats = self.policy.update(batch, dpo_loss_fn(self.beta))
-        metrics = {"step": step, "dpo/loss": stats.pop("loss"), **stats}
-        seconds = time.perf_counter() - start
-        metrics["time/train_s"] = seconds
-        metrics["tps/train"] = int(batch.attention_mask_BT.sum()) / seconds
-        return metrics
+        return {"step": step, "dpo/loss": stats.pop("loss"), **stats, **train_timing(start, batch)}
 
     @torch.no_grad()
     def evaluate(self, step: int) -> dict[str, float]:

@@ -38,7 +38,7 @@ from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.lifecycle import Lifecycle
 from hpcrl.rl.workers import TrainerWorker
 from hpcrl.stages.sequences import response_batch
-from hpcrl.stages.trainer_stage import run_trainer_stage
+from hpcrl.stages.trainer_stage import run_trainer_stage, train_timing
 from hpcrl.train.batch import TrainBatch
 from hpcrl.train.logprobs import HeadOutputs
 from hpcrl.train.model import build_train_groups
@@ -79,11 +79,7 @@ class SFTDriver:
         start = time.perf_counter()
         batch = self.make_batch(self.sampler.next_batch(self.examples_per_step))
         stats = self.policy.update(batch, sft_loss)
-        metrics = {"step": step, "sft/loss": stats.pop("loss"), **stats}
-        seconds = time.perf_counter() - start
-        metrics["time/train_s"] = seconds
-        metrics["tps/train"] = int(batch.attention_mask_BT.sum()) / seconds
-        return metrics
+        return {"step": step, "sft/loss": stats.pop("loss"), **stats, **train_timing(start, batch)}
 
     @torch.no_grad()
     def evaluate(self, step: int) -> dict[str, float]:

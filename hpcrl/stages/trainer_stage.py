@@ -25,6 +25,7 @@ from hpcrl.metrics.logger import MetricsLogger
 from hpcrl.stages.loop import run_steps
 from hpcrl.stages.rank import enter_rank, step_sleep_s
 from hpcrl.stages.stateful import DataCursorState
+from hpcrl.train.batch import TrainBatch
 
 
 class TrainerStageDriver(Protocol):
@@ -36,6 +37,13 @@ class TrainerStageDriver(Protocol):
     def step(self, step: int) -> dict[str, float]: ...
 
     def evaluate(self, step: int) -> dict[str, float]: ...
+
+
+def train_timing(start: float, batch: TrainBatch) -> dict[str, float]:
+    """time/train_s (since `start`, from the perf_counter) and tps/train (the batch's tokens per second)
+    of one step."""
+    seconds = time.perf_counter() - start
+    return {"time/train_s": seconds, "tps/train": int(batch.attention_mask_BT.sum()) / seconds}
 
 
 def stage_problems(cfg: ExperimentConfig, world_size: int) -> list[Problem]:
