@@ -71,14 +71,24 @@ class AlgorithmConfig:
 
 @dataclass(kw_only=True)
 class DPOConfig:
-    """Offline DPO (stage: dpo): a policy learns from preference pairs against a frozen reference."""
+    """Offline preference optimisation (stage: dpo): a policy learns from preferences against a frozen
+    reference, by DPO, IPO or KTO (`loss_type`; hpcrl.rl.preference_losses)."""
 
     steps: int = 40
-    """Training steps (one policy update on `pairs_per_step` pairs each)."""
+    """Training steps (one policy update each)."""
     pairs_per_step: int = 16
-    """Preference pairs per step; each is two rows (chosen, rejected) of the batch."""
+    """Preference pairs per step; each is two rows (chosen, rejected) of the batch. kto trains on
+    2 x pairs_per_step unpaired rows per step (a pair's two responses count as two rows)."""
     beta: float = 0.1
-    """DPO temperature beta (Rafailov et al. 2023, eq. 7): the weight of the implicit reward margin."""
+    """Temperature beta: the weight of the implicit reward (DPO eq. 7; IPO's tau; KTO's beta)."""
+    loss_type: Literal["sigmoid", "ipo", "kto"] = "sigmoid"
+    """sigmoid: DPO (Rafailov et al. 2023); ipo: IPO (Azar et al. 2023, per-token log-ratios as TRL);
+    kto: KTO (Ethayarajh et al. 2024) on unpaired rows (`completion`, `label`) or pairs read as two."""
+    desirable_weight: float = 1.0
+    """kto: lambda_D, the weight of desirable rows' losses."""
+    undesirable_weight: float = 1.0
+    """kto: lambda_U, the weight of undesirable rows' losses (the paper: keep lambda_D n_D / (lambda_U n_U)
+    in [1, 4/3])."""
     eval_every: int = 5
     """Evaluate held-out preference accuracy every this many steps (0: never)."""
 

@@ -116,6 +116,14 @@ def dpo_problems(dpo: DPOConfig) -> list[Problem]:
         ("dpo.steps", dpo.steps >= 1, f"must be >= 1, got {dpo.steps}"),
         ("dpo.pairs_per_step", dpo.pairs_per_step >= 1, f"must be >= 1, got {dpo.pairs_per_step}"),
         ("dpo.beta", 0 < dpo.beta < math.inf, f"must be a positive finite number, got {dpo.beta}"),
+        *(
+            (
+                f"dpo.{key}",
+                0 < getattr(dpo, key) < math.inf,
+                f"must be a positive finite number, got {getattr(dpo, key)}",
+            )
+            for key in ("desirable_weight", "undesirable_weight")
+        ),
         ("dpo.eval_every", dpo.eval_every >= 0, f"must be >= 0 (0: never), got {dpo.eval_every}"),
     ]
     return [Problem(message, key=key) for key, ok, message in rules if not ok]

@@ -1,10 +1,15 @@
-"""Preference data for offline DPO: (prompt, chosen, rejected) triples from jsonl or a built-in toy task.
+"""Preference data for the offline preference stage (stage: dpo): pairs for DPO/IPO, unpaired rows for KTO.
 
-jsonl rows hold the prompt under `data.prompt_key` and the two responses under "chosen" and "rejected"
-(the Anthropic-HH / UltraFeedback-binarised convention, flattened to text). The last `heldout_size` rows
-are the held-out split. The built-in task pairs each prompt of a toy task (hpcrl.data.tasks) with its
-exact answer (chosen) and a wrong answer of the same length (rejected), so a policy that learns the
-preference also learns the task.
+Row shapes of a jsonl file (TRL's preference and unpaired-preference formats, standard or conversational):
+  paired:    prompt, chosen, rejected        (the Anthropic-HH / UltraFeedback-binarised convention)
+  unpaired:  prompt, completion, label       (label true = desirable; KTO only)
+`prompt` is text or a conversation (rendered with the chat template and the generation prompt,
+hpcrl.data.chat); each response is text or a list holding one assistant message. The last `heldout_size`
+rows are the held-out split. KTO reads paired rows as two unpaired ones (chosen desirable, rejected not), as
+TRL does, so one key (`dpo.loss_type`) switches DPO <-> KTO on the same data.
+
+The built-in task pairs each prompt of a toy task (hpcrl.data.tasks) with its exact answer (chosen) and a
+wrong answer of the same length (rejected), so a policy that learns the preference also learns the task.
 """
 
 from __future__ import annotations
@@ -13,12 +18,14 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpcrl.data.chat import parse_conversation, prompt_text, response_text
 from hpcrl.data.config import DataConfig
 from hpcrl.data.sources import read_jsonl, split_heldout
 from hpcrl.data.tasks import Example, get_task, make_splits
-from hpcrl.errors import ConfigError, Problem
+from hpcrl.errors import ConfigError, Problem, short
 
 RESPONSE_KEYS = ("chosen", "rejected")
+UNPAIRED_KEYS = ("completion", "label")
 
 
 @dataclass(frozen=True)
@@ -26,6 +33,27 @@ class PreferencePair:
     prompt: str
     chosen: str
     rejected: str
+
+
+@dataclass(frozen=True)
+class UnpairedRow:
+    prompt: str
+    completion: str
+    desirable: bool
+
+
+PreferenceRow = PreferencePair | UnpairedRow
+
+
+def unpair(rows: list[PreferenceRow]) -> list[UnpairedRow]:
+    """Every row as unpaired rows: a pair is its chosen (desirable) then its rejected (undesirable)."""
+    out: list[UnpairedRow] = []
+    for row in rows:
+        if isinstance(row, UnpairedRow):
+            out.append(row)
+        else:
+            out += [UnpairedRow(row.prompt, row.chosen, True), UnpairedRow(row.prompt, row.rejected, False)]
+    return out
 
 
 def wrong_answer(answer: str, rng: random.Random) -> str:
@@ -41,30 +69,63 @@ def toy_pairs(examples: list[Example], seed: int) -> list[PreferencePair]:
     return [PreferencePair(e.prompt, e.answer, wrong_answer(e.answer, rng)) for e in examples]
 
 
-def read_preference_jsonl(path: Path, prompt_key: str = "prompt") -> list[PreferencePair]:
-    """All rows of a preference jsonl; a missing key or an empty file is a ConfigError naming it."""
+def read_preference_jsonl(path: Path, prompt_key: str = "prompt", tokenizer=None) -> list[PreferenceRow]:
+    """All rows of a preference jsonl, paired or unpaired. A missing key, a malformed conversation or an
+    empty file is a ConfigError naming the file, the row and the key (the first few at once). Without a
+    `tokenizer` conversations are checked but not rendered (what `expand` does)."""
     if not path.exists():
         raise ConfigError(Problem("does not exist", file=str(path), key="data.path"))
     rows = read_jsonl(path)
     if not rows:
         raise ConfigError(Problem("dataset is empty", file=str(path), key="data.path"))
-    problems = []
-    pairs = []
+    problems: list[Problem] = []
+    out: list[PreferenceRow] = []
     for i, row in enumerate(rows):
-        missing = [k for k in (prompt_key, *RESPONSE_KEYS) if k not in row]
-        if missing:
-            problems.append(
-                Problem(f"row {i} has no {missing} (keys: {sorted(row)})", file=str(path), key="data.path")
-            )
-            continue
-        pairs.append(PreferencePair(str(row[prompt_key]), str(row["chosen"]), str(row["rejected"])))
+        try:
+            out.append(_preference_row(row, i, str(path), prompt_key, tokenizer))
+        except ConfigError as err:
+            problems += err.problems
     if problems:
-        raise ConfigError(problems[:10])
-    return pairs
+        raise ConfigError(problems)
+    return out
 
 
-def load_preference_splits(cfg: DataConfig) -> tuple[list[PreferencePair], list[PreferencePair]]:
-    """(train, heldout) preference pairs for `data.source` builtin or jsonl."""
+def _preference_row(row: object, i: int, file: str, prompt_key: str, tokenizer) -> PreferenceRow:
+    where = f"row {i}"
+    if not isinstance(row, dict):
+        raise ConfigError(Problem(f"{where} is a {type(row).__name__}, not a mapping", file, "data.path"))
+    unpaired = "completion" in row
+    keys = UNPAIRED_KEYS if unpaired else RESPONSE_KEYS
+    missing = [k for k in (prompt_key, *keys) if k not in row]
+    if missing:
+        message = f"{where} has no {missing} (keys: {short(sorted(map(str, row)))})"
+        raise ConfigError(Problem(message, file, "data.path"))
+    prompt = _prompt(row[prompt_key], where, file, f"data.{prompt_key}", tokenizer)
+    if not unpaired:
+        chosen, rejected = (response_text(row[k], where=where, file=file, key=f"data.{k}") for k in keys)
+        return PreferencePair(prompt, chosen, rejected)
+    if not isinstance(row["label"], bool):
+        message = f"{where}: label must be true or false, got {short(row['label'])}"
+        raise ConfigError(Problem(message, file, "data.label"))
+    return UnpairedRow(
+        prompt, response_text(row["completion"], where=where, file=file, key="data.completion"), row["label"]
+    )
+
+
+def _prompt(value: object, where: str, file: str, key: str, tokenizer) -> str:
+    if isinstance(value, str):
+        return value
+    turns = parse_conversation(value, where=where, file=file, key=key)
+    if tokenizer is None:
+        return ""  # checked, not rendered
+    try:
+        return prompt_text(tokenizer, turns)
+    except ConfigError as err:
+        raise ConfigError([Problem(f"{where}: {p.message}", file, p.key) for p in err.problems]) from None
+
+
+def load_preference_splits(cfg: DataConfig, tokenizer) -> tuple[list[PreferenceRow], list[PreferenceRow]]:
+    """(train, heldout) preference rows for `data.source` builtin or jsonl."""
     if cfg.source == "builtin":
         task = get_task(cfg.task)
         train, heldout = make_splits(task, cfg.num_digits, cfg.train_size, cfg.heldout_size, cfg.shuffle_seed)
@@ -72,9 +133,10 @@ def load_preference_splits(cfg: DataConfig) -> tuple[list[PreferencePair], list[
     if cfg.source != "jsonl":
         raise ConfigError(
             Problem(
-                f"DPO reads preference pairs from builtin or jsonl, not {cfg.source!r}", key="data.source"
+                f"the preference stage reads rows from builtin or jsonl, not {cfg.source!r}",
+                key="data.source",
             )
         )
     if cfg.path is None:
         raise ConfigError(Problem("source 'jsonl' needs a path", key="data.path"))
-    return split_heldout(read_preference_jsonl(Path(cfg.path), cfg.prompt_key), cfg)
+    return split_heldout(read_preference_jsonl(Path(cfg.path), cfg.prompt_key, tokenizer), cfg)

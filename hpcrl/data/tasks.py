@@ -14,13 +14,18 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from hpcrl.data.chat import Conversation
 from hpcrl.errors import ConfigError, Problem
 
 
 @dataclass(frozen=True)
 class Example:
     prompt: str
+    """The prompt text (a chat row's: its turns before the last assistant turn, rendered with the
+    generation prompt, hpcrl.data.chat)."""
     answer: str
+    conversation: Conversation | None = None
+    """A chat row's whole conversation (SFT trains on each of its assistant turns); None for flat rows."""
 
 
 def positional_score(response: str, answer: str) -> float:

@@ -3,6 +3,12 @@
 It is an ordinary `PreTrainedTokenizerFast`, so it saves next to an HF model directory and reloads
 offline. Reserved (non-special) tokens fill the vocabulary up to the model's `vocab_size`, so every id
 the model can sample decodes to something visible (`<r3>`) and is never silently dropped.
+
+Chat: when the vocabulary has room (vocab_size >= CHAT_VOCAB_SIZE, or unsized), four role tokens follow
+the alphabet (ids of the alphabet never move, so a model trained without them reads the same ids) and the
+tokenizer carries TINY_CHAT_TEMPLATE, so chat rows on CPU take the path an Instruct model's take
+(hpcrl.data.chat). The template marks assistant turns with `{% generation %}`, which lets transformers'
+own `return_assistant_tokens_mask` check hpcrl's assistant-only mask in the tests.
 """
 
 from __future__ import annotations
@@ -16,14 +22,30 @@ from hpcrl.data.tasks import ALPHABET
 from hpcrl.errors import ConfigError, Problem
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
+ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>", "<|tool|>")
+CHAT_VOCAB_SIZE = len(SPECIAL_TOKENS) + len(dict.fromkeys(ALPHABET)) + len(ROLE_TOKENS)
+"""Smallest model.vocab_size whose tiny tokenizer has the role tokens chat rows need."""
+TINY_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if message['role'] == 'assistant' %}<|assistant|>{% generation %}"
+    "{{ message['content'] }}{{ eos_token }}{% endgeneration %}"
+    "{% else %}<|{{ message['role'] }}|>{{ message['content'] }}{{ eos_token }}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+"""Each turn is `<|role|>content<eos>`; the generation prompt is `<|assistant|>`, so a sampled turn ends
+at <eos> as a flat response does."""
 
 
 def build_char_tokenizer(alphabet: str, vocab_size: int | None = None) -> PreTrainedTokenizerFast:
-    """Ids: <pad>=0, <bos>=1, <eos>=2, <unk>=3, then the alphabet's characters in order, then reserved."""
+    """Ids: <pad>=0, <bos>=1, <eos>=2, <unk>=3, then the alphabet's characters in order, then the role
+    tokens when the vocabulary has room for them, then reserved."""
     chars = list(dict.fromkeys(alphabet))
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
     for ch in chars:
         vocab[ch] = len(vocab)
+    chat = vocab_size is None or vocab_size >= len(vocab) + len(ROLE_TOKENS)
+    for role in ROLE_TOKENS if chat else ():
+        vocab[role] = len(vocab)
     if vocab_size is not None:
         if vocab_size < len(vocab):
             raise ConfigError(
@@ -34,9 +56,17 @@ def build_char_tokenizer(alphabet: str, vocab_size: int | None = None) -> PreTra
     core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     core.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=core, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        pad_token="<pad>",
+        bos_token="<bos>",
+        eos_token="<eos>",
+        unk_token="<unk>",
+        extra_special_tokens=list(ROLE_TOKENS) if chat else [],
     )
+    if chat:
+        tokenizer.chat_template = TINY_CHAT_TEMPLATE
+    return tokenizer
 
 
 def model_tokenizer(hf_path: str | None, vocab_size: int | None) -> PreTrainedTokenizerBase:
@@ -57,14 +87,14 @@ def model_tokenizer(hf_path: str | None, vocab_size: int | None) -> PreTrainedTo
 def encode_prompts(
     tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], max_prompt_length: int
 ) -> list[list[int]]:
-    """Token ids per prompt (with BOS when the tokenizer has one). A prompt longer than
+    """Token ids per prompt (with one BOS when the tokenizer has one). A prompt longer than
     `max_prompt_length` tokens, or an empty one, raises ConfigError naming it: never silently cut."""
     ids = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
     bos = tokenizer.bos_token_id
     out: list[list[int]] = []
     problems: list[Problem] = []
     for i, (text, row) in enumerate(zip(prompts, ids, strict=True)):
-        row = ([bos] if bos is not None else []) + list(row)
+        row = list(row) if bos is None or row[:1] == [bos] else [bos, *row]  # a chat template may write it
         if len(row) > max_prompt_length:
             problems.append(
                 Problem(

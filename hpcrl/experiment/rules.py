@@ -13,6 +13,7 @@ from collections.abc import Callable
 from hpcrl.algorithm.registry import ALGORITHMS, algorithm_problems, dpo_problems, sft_problems
 from hpcrl.ckpt.config import checkpoint_problems
 from hpcrl.cluster.rules import check_cluster
+from hpcrl.data.validate import data_file_problems
 from hpcrl.distributed.layout import ModelDims, ParallelLayout, model_problems
 from hpcrl.distributed.placement import placement_of
 from hpcrl.errors import ConfigError, Problem, short
@@ -136,39 +137,52 @@ def rl_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
         + _algorithm_rules(cfg)
         + _reward_rules(cfg)
         + _rl_token_budget_rules(cfg)
+        + _data_rules(cfg, preference=None)
     )
 
 
+def _data_rules(cfg: ExperimentConfig, *, preference: str | None) -> list[tuple[str, str]]:
+    """The data file's rows, when the file is here (hpcrl.data.validate)."""
+    m = cfg.model
+    problems = data_file_problems(cfg.data, preference=preference, hf_path=m.hf_path, vocab_size=m.vocab_size)
+    return [(p.key or "data.path", f"{p.file}: {p.message}" if p.file else p.message) for p in problems]
+
+
 def dpo_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
-    """The DPO stage's section, and what it asks of the batch: a micro-batch and a DP rank hold whole
-    (chosen, rejected) pairs, so no token budget or token balancing, an even micro-batch, and at least
-    one pair per DP rank."""
+    """The preference stage's section, and what it asks of the batch: rows reach DP ranks and
+    micro-batches by count (sigmoid and ipo keep each (chosen, rejected) pair together: an even
+    micro-batch), and every DP rank gets a row."""
     out = [(p.key or "dpo", p.message) for p in dpo_problems(cfg.dpo)]
-    optim, pairs, ranks = cfg.optim, cfg.dpo.pairs_per_step, cfg.parallel.data
+    optim, dpo, ranks = cfg.optim, cfg.dpo, cfg.parallel.data
+    paired = dpo.loss_type != "kto"
     if optim.balance_dp_tokens:
-        out.append(("optim.balance_dp_tokens", "dpo dispatches whole pairs to DP ranks"))
+        out.append(("optim.balance_dp_tokens", "the preference stage dispatches rows to DP ranks by count"))
     if optim.max_tokens_per_micro_batch is not None:
         out.append(
             (
                 "optim.max_tokens_per_micro_batch",
-                "dpo keeps each pair in one micro-batch: use optim.micro_batch_size",
+                "the preference stage cuts micro-batches by rows: use optim.micro_batch_size",
             )
         )
-    if optim.micro_batch_size % 2:
+    if paired and optim.micro_batch_size % 2:
         out.append(
             (
                 "optim.micro_batch_size",
-                f"must be even for dpo (a micro-batch holds whole chosen/rejected pairs), got {optim.micro_batch_size}",
+                f"must be even for dpo.loss_type {dpo.loss_type} (a micro-batch holds whole chosen/rejected "
+                f"pairs), got {optim.micro_batch_size}",
             )
         )
-    if 1 <= pairs < ranks:
-        out.append(("dpo.pairs_per_step", f"{pairs} pairs per step leave some of the {ranks} DP ranks empty"))
+    out += _data_rules(cfg, preference=dpo.loss_type)
+    rows = dpo.pairs_per_step if paired else 2 * dpo.pairs_per_step
+    if 1 <= rows < ranks:
+        unit = "pairs" if paired else "rows"
+        out.append(("dpo.pairs_per_step", f"{rows} {unit} per step leave some of the {ranks} DP ranks empty"))
     return out
 
 
 def sft_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
     """The SFT stage's section, and one row per DP rank at least."""
-    out = [(p.key or "sft", p.message) for p in sft_problems(cfg.sft)]
+    out = [(p.key or "sft", p.message) for p in sft_problems(cfg.sft)] + _data_rules(cfg, preference=None)
     rows, ranks = cfg.sft.examples_per_step, cfg.parallel.data
     if 1 <= rows < ranks:
         out.append(

@@ -143,7 +143,7 @@ def build_job(cfg: ExperimentConfig, run_dir: Path, rank: int, world: int) -> Jo
     if problems:
         raise ConfigError(problems)
     tokenizer = model_tokenizer(cfg.model.hf_path, cfg.model.vocab_size)
-    train, heldout = load_splits(cfg.data)
+    train, heldout = load_splits(cfg.data, tokenizer)
     encode_prompts(tokenizer, [e.prompt for e in train + heldout], cfg.data.max_prompt_length)  # fail early
     inputs = JobInputs(cfg, run_dir, rank, world, tokenizer, train, heldout)
     return _JOBS[cfg.placement.kind](inputs)

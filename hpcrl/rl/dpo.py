@@ -1,14 +1,16 @@
-"""Offline DPO: a policy trainer learns from preference pairs against a frozen reference model.
+"""Offline DPO and IPO: a policy trainer learns from preference pairs against a frozen reference model.
 
 `main(cfg, run_dir)` is the entrypoint of the `dpo` stage (`stage: dpo`, see templates/dpo_tiny.yaml; it
 reads the `dpo:` section, hpcrl.algorithm.config.DPOConfig); it runs on every rank after
-torch.distributed is initialised, like hpcrl.rl.job.main. Per step:
+torch.distributed is initialised, like hpcrl.rl.job.main. `dpo.loss_type: kto` runs KTO's driver
+(hpcrl.rl.kto) instead, on the same data. Per step of DPO / IPO:
   1. sample `dpo.pairs_per_step` pairs (resumable cursor, hpcrl.data.cursor);
   2. one [2N, S] batch, rows (chosen_0, rejected_0, chosen_1, ...): prompt + response + <eos>, the loss
      counting response tokens only;
   3. summed response log-probs of the frozen reference (the initial policy, never updated);
-  4. one policy update on the DPO sigmoid loss (Rafailov et al. 2023, eq. 7; hpcrl.rl.losses.dpo_loss):
-     L = -log sigmoid(beta [(log pi(y_w) - log ref(y_w)) - (log pi(y_l) - log ref(y_l))]).
+  4. one policy update on the pair loss (hpcrl.rl.preference_losses): sigmoid, DPO (Rafailov et al.
+     2023, eq. 7): L = -log sigmoid(beta [(log pi(y_w) - log ref(y_w)) - (log pi(y_l) - log ref(y_l))]);
+     ipo, IPO (Azar et al. 2023, eq. 17) on per-token log-ratios.
 Metrics: dpo/loss, dpo/accuracy (share of pairs whose implicit reward prefers the chosen response),
 dpo/margin (mean implicit reward margin), dpo/chosen_reward, dpo/rejected_reward; every `dpo.eval_every`
 steps dpo/heldout_{loss,accuracy,margin} on the held-out pairs. The progress bar and accuracy.png show the
@@ -28,17 +30,16 @@ from pathlib import Path
 import torch
 
 from hpcrl.data.cursor import DataCursor, PromptSampler
-from hpcrl.data.preference import PreferencePair, load_preference_splits
-from hpcrl.data.tokenizer import model_tokenizer
+from hpcrl.data.preference import PreferencePair
+from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.lifecycle import Lifecycle
-from hpcrl.rl.losses import dpo_loss
-from hpcrl.rl.workers import TrainerWorker
+from hpcrl.rl.kto import build_kto_driver
+from hpcrl.rl.preference_losses import DPOStats, dpo_loss, ipo_loss
+from hpcrl.rl.preference_setup import RowWorker, preference_setup
 from hpcrl.stages.sequences import response_batch
 from hpcrl.stages.trainer_stage import run_trainer_stage, train_timing
 from hpcrl.train.batch import TrainBatch
-from hpcrl.train.model import build_train_groups
-from hpcrl.train.trainer import build_policy_trainer
 
 log = logging.getLogger(__name__)
 
@@ -51,27 +52,30 @@ def pair_batch(pairs: list[PreferencePair], tokenizer, max_prompt_length: int, c
     return response_batch(prompts, responses, tokenizer, max_prompt_length, context)
 
 
-class PairWorker(TrainerWorker):
+class PairWorker(RowWorker):
     """A trainer over DP ranks that dispatches whole pairs: rows 2i and 2i+1 stay on one rank."""
 
     def _local(self, batch: TrainBatch, parts: list[list[int]] | None) -> TrainBatch:
-        """Pairs, contiguously (DPO refuses token balancing at expand: `parts` is None)."""
+        """Pairs, contiguously (the preference stage refuses token balancing at expand: `parts` is None)."""
         start, stop = self.shards.bounds(len(batch) // 2)
         return batch.slice(2 * start, 2 * stop)
 
-    def sequence_logprobs(self, batch: TrainBatch) -> torch.Tensor:
-        """Summed log-probs of each row's response tokens, [B] (global)."""
-        out = self.forward(batch)
-        return (out.logprobs_BT * batch.response_mask_BT).sum(dim=1)
+
+def pair_loss(loss_type: str, logp_B, ref_B, tokens_B, beta: float) -> tuple[torch.Tensor, DPOStats]:
+    """The mean pair loss of rows (chosen_0, rejected_0, ...) of summed policy and reference log-probs."""
+    if loss_type == "ipo":
+        ratio_B = logp_B - ref_B
+        return ipo_loss(ratio_B[0::2], ratio_B[1::2], tokens_B[0::2], tokens_B[1::2], beta)
+    return dpo_loss(logp_B[0::2], logp_B[1::2], ref_B[0::2], ref_B[1::2], beta)
 
 
-def dpo_loss_fn(beta: float):
-    """The trainer's loss callback: this micro-batch's share of the mean DPO loss over all pairs."""
+def dpo_loss_fn(beta: float, loss_type: str = "sigmoid"):
+    """The trainer's loss callback: this micro-batch's share of the mean pair loss over all pairs."""
 
     def loss_fn(out, mb: TrainBatch) -> tuple[torch.Tensor, dict]:
         logp_B = (out.logprobs_BT * mb.response_mask_BT).sum(dim=1)
         ref_B = mb.extras["ref_logprobs"]
-        loss, stats = dpo_loss(logp_B[0::2], logp_B[1::2], ref_B[0::2], ref_B[1::2], beta)
+        loss, stats = pair_loss(loss_type, logp_B, ref_B, mb.response_mask_BT.sum(dim=1), beta)
         with torch.no_grad():
             chosen = beta * (logp_B[0::2] - ref_B[0::2]).mean()
             rejected = beta * (logp_B[1::2] - ref_B[1::2]).mean()
@@ -88,9 +92,15 @@ def dpo_loss_fn(beta: float):
 
 
 def pair_metrics(
-    policy_B: torch.Tensor, ref_B: torch.Tensor, beta: float, prefix: str = "dpo/heldout_"
+    policy_B: torch.Tensor,
+    ref_B: torch.Tensor,
+    beta: float,
+    prefix: str = "dpo/heldout_",
+    loss_type: str = "sigmoid",
+    tokens_B: torch.Tensor | None = None,
 ) -> dict[str, float]:
-    loss, stats = dpo_loss(policy_B[0::2], policy_B[1::2], ref_B[0::2], ref_B[1::2], beta)
+    tokens_B = torch.ones_like(policy_B) if tokens_B is None else tokens_B
+    loss, stats = pair_loss(loss_type, policy_B, ref_B, tokens_B, beta)
     return {
         f"{prefix}loss": float(loss),
         f"{prefix}accuracy": stats.reward_accuracy,
@@ -101,6 +111,8 @@ def pair_metrics(
 @dataclass
 class DPODriver:
     beta: float
+    loss_type: str
+    """sigmoid (DPO) or ipo (dpo.loss_type; kto has its own driver, hpcrl.rl.kto)."""
     pairs_per_step: int
     policy: PairWorker
     reference: PairWorker
@@ -114,7 +126,7 @@ class DPODriver:
         start = time.perf_counter()
         batch = self.make_batch(self.sampler.next_batch(self.pairs_per_step))
         batch.extras["ref_logprobs"] = self.reference.sequence_logprobs(batch)
-        stats = self.policy.update(batch, dpo_loss_fn(self.beta))
+        stats = self.policy.update(batch, dpo_loss_fn(self.beta, self.loss_type))
         return {"step": step, "dpo/loss": stats.pop("loss"), **stats, **train_timing(start, batch)}
 
     @torch.no_grad()
@@ -122,37 +134,49 @@ class DPODriver:
         """Held-out preference accuracy / margin of the current policy (the reference is computed once)."""
         if self.heldout_ref_B is None:
             self.heldout_ref_B = self.reference.sequence_logprobs(self.heldout)
-        metrics = pair_metrics(self.policy.sequence_logprobs(self.heldout), self.heldout_ref_B, self.beta)
+        policy_B, tokens_B = (
+            self.policy.sequence_logprobs(self.heldout),
+            self.heldout.response_mask_BT.sum(dim=1),
+        )
+        metrics = pair_metrics(
+            policy_B, self.heldout_ref_B, self.beta, loss_type=self.loss_type, tokens_B=tokens_B
+        )
         return {"step": step, **metrics}
 
 
 def build_dpo_driver(cfg: ExperimentConfig) -> DPODriver:
-    tokenizer = model_tokenizer(cfg.model.hf_path, cfg.model.vocab_size)
-    train, heldout = load_preference_splits(cfg.data)
-    p = cfg.parallel
-    groups = build_train_groups(p.tensor, p.pipeline, p.data, timeout_s=p.timeout_s)
-    policy = build_policy_trainer(cfg.model, cfg.optim, groups)
-    reference = build_policy_trainer(cfg.model, None, groups)  # same init (or HF weights), frozen
-    context = policy.model_cfg.max_position_embeddings
+    setup = preference_setup(cfg)
+    unpaired = [i for i, row in enumerate(setup.train + setup.heldout) if not isinstance(row, PreferencePair)]
+    if unpaired:
+        message = f"row {unpaired[0]} is unpaired (completion, label): dpo.loss_type {cfg.dpo.loss_type} needs pairs; kto reads both"
+        raise ConfigError(Problem(message, cfg.data.path, "dpo.loss_type"))
 
     def make_batch(pairs: list[PreferencePair]) -> TrainBatch:
-        return pair_batch(pairs, tokenizer, cfg.data.max_prompt_length, context)
+        prompts = [p.prompt for p in pairs for _ in range(2)]
+        return setup.rows(prompts, [r for p in pairs for r in (p.chosen, p.rejected)])
 
-    make_batch(train + heldout)  # fail early on any pair too long for the model
     mbs = cfg.optim.micro_batch_size
     return DPODriver(
         beta=cfg.dpo.beta,
+        loss_type=cfg.dpo.loss_type,
         pairs_per_step=cfg.dpo.pairs_per_step,
-        policy=PairWorker(policy, mbs),
-        reference=PairWorker(reference, mbs),
-        sampler=PromptSampler(train, DataCursor(seed=cfg.data.shuffle_seed)),
+        policy=PairWorker(setup.policy, mbs),
+        reference=PairWorker(setup.reference, mbs),
+        sampler=PromptSampler(setup.train, DataCursor(seed=cfg.data.shuffle_seed)),
         make_batch=make_batch,
-        heldout=make_batch(heldout),
+        heldout=make_batch(setup.heldout),
     )
 
 
+def build_preference_driver(cfg: ExperimentConfig):
+    """The driver of `dpo.loss_type`: DPO / IPO on pairs, or KTO on unpaired rows."""
+    if cfg.dpo.loss_type == "kto":
+        return build_kto_driver(cfg, preference_setup(cfg))
+    return build_dpo_driver(cfg)
+
+
 def main(cfg: ExperimentConfig, run_dir: Path, lifecycle: Lifecycle | None = None) -> dict:
-    """Run offline DPO on this rank (hpcrl.stages.trainer_stage: checkpoints the policy as "actor." with
-    its AdamW state, the pair cursor and RNG states; resume=auto continues from `latest` with every step
-    logged once)."""
-    return run_trainer_stage(cfg, run_dir, lifecycle, build_dpo_driver, cfg.dpo.eval_every)
+    """Run offline DPO, IPO or KTO on this rank (hpcrl.stages.trainer_stage: checkpoints the policy as
+    "actor." with its AdamW state, the row cursor and RNG states; resume=auto continues from `latest` with
+    every step logged once)."""
+    return run_trainer_stage(cfg, run_dir, lifecycle, build_preference_driver, cfg.dpo.eval_every)

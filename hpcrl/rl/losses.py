@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 
 LossAgg = Literal["token_mean", "seq_mean_token_sum", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
 KLEstimator = Literal["k1", "k2", "k3", "abs", "mse"]
@@ -221,31 +220,3 @@ def entropy_bonus(
 ) -> torch.Tensor:
     """Entropy bonus as a loss term: -coef * agg(H_t) (Mnih et al. 2016, A3C §4; PPO eq. 9 "c2 S")."""
     return -coef * agg_loss(entropy_BT, mask_BT, agg, denominator, norm_length)
-
-
-@dataclass
-class DPOStats:
-    reward_accuracy: float
-    """Share of pairs whose implicit reward prefers the chosen response."""
-    reward_margin: float
-    """Mean beta * (chosen log-ratio - rejected log-ratio)."""
-
-
-def dpo_loss(
-    policy_chosen_logp_B: torch.Tensor,
-    policy_rejected_logp_B: torch.Tensor,
-    ref_chosen_logp_B: torch.Tensor,
-    ref_rejected_logp_B: torch.Tensor,
-    beta: float,
-) -> tuple[torch.Tensor, DPOStats]:
-    """DPO sigmoid loss (Rafailov et al. 2023, "Direct Preference Optimization", eq. 7):
-    L = -log sigmoid(beta [(log pi(y_w) - log ref(y_w)) - (log pi(y_l) - log ref(y_l))]), averaged over
-    pairs; inputs are summed sequence log-probs.
-    """
-    margin_B = beta * (
-        (policy_chosen_logp_B - ref_chosen_logp_B) - (policy_rejected_logp_B - ref_rejected_logp_B)
-    )
-    loss = -F.logsigmoid(margin_B).mean()
-    with torch.no_grad():
-        stats = DPOStats((margin_B > 0).float().mean().item(), margin_B.mean().item())
-    return loss, stats

@@ -5,7 +5,9 @@ section, hpcrl.algorithm.config.SFTConfig); it runs on every rank after torch.di
 like the RL and DPO jobs, and checkpoints and resumes like them (hpcrl.stages). Per step:
   1. sample `sft.examples_per_step` rows (resumable cursor, hpcrl.data.cursor);
   2. one [B, S] batch: prompt + answer + <eos>, right padded, the loss mask over answer and <eos>
-     (hpcrl.stages.sequences.response_batch: the model learns to stop);
+     (the model learns to stop); a chat row (`messages`) is its conversation under the chat template with
+     the loss on every assistant turn only, system, user and tool turns masked (hpcrl.stages.sequences,
+     hpcrl.data.chat);
   3. one update on the completion-only token-mean NLL (TRL SFTTrainer's completion_only_loss):
        L = -(1/N) sum_{b,t} m_bt log pi(x_bt | x_<bt),   N = sum_{b,t} m_bt over the global batch.
 Metrics: sft/loss, sft/token_accuracy (share of answer tokens that are the model's argmax); every
@@ -37,7 +39,7 @@ from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.lifecycle import Lifecycle
 from hpcrl.rl.workers import TrainerWorker
-from hpcrl.stages.sequences import response_batch
+from hpcrl.stages.sequences import example_batch
 from hpcrl.stages.trainer_stage import run_trainer_stage, train_timing
 from hpcrl.train.batch import TrainBatch
 from hpcrl.train.logprobs import HeadOutputs
@@ -86,11 +88,21 @@ class SFTDriver:
         return {"step": step, **heldout_metrics(self.policy.forward(self.heldout), self.heldout)}
 
 
+def has_target(row: Example) -> bool:
+    """Whether a row has tokens to learn: a flat row's answer, a chat row's assistant turn."""
+    if row.conversation is None:
+        return bool(row.answer)
+    return any(m.role == "assistant" for m in row.conversation)
+
+
 def build_sft_driver(cfg: ExperimentConfig) -> SFTDriver:
     tokenizer = model_tokenizer(cfg.model.hf_path, cfg.model.vocab_size)
-    train, heldout = load_splits(cfg.data)
-    if not train or not heldout or any(not row.answer for row in train + heldout):
-        message = "SFT needs an answer on every row, and training and held-out rows (data.heldout_size)"
+    train, heldout = load_splits(cfg.data, tokenizer)
+    if not train or not heldout or not all(map(has_target, train + heldout)):
+        message = (
+            "SFT needs an answer (or an assistant turn) on every row, and training and held-out rows "
+            "(data.heldout_size)"
+        )
         raise ConfigError(Problem(message, cfg.data.path, "data.answer_key"))
     p = cfg.parallel
     groups = build_train_groups(p.tensor, p.pipeline, p.data, timeout_s=p.timeout_s)
@@ -98,8 +110,7 @@ def build_sft_driver(cfg: ExperimentConfig) -> SFTDriver:
     context = policy.model_cfg.max_position_embeddings
 
     def make_batch(rows: list[Example]) -> TrainBatch:
-        prompts, answers = [r.prompt for r in rows], [r.answer for r in rows]
-        return response_batch(prompts, answers, tokenizer, cfg.data.max_prompt_length, context)
+        return example_batch(rows, tokenizer, cfg.data.max_prompt_length, context)
 
     make_batch(train)  # fail early on any row too long for the model
     return SFTDriver(

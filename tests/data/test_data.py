@@ -11,6 +11,8 @@ from hpcrl.data.tasks import ALPHABET, TASKS, get_task, make_splits, positional_
 from hpcrl.data.tokenizer import build_char_tokenizer, encode_prompts
 from hpcrl.errors import ConfigError
 
+TOKENIZER = build_char_tokenizer(ALPHABET)
+
 
 def test_char_tokenizer_round_trips_and_pads_vocab(tmp_path):
     tok = build_char_tokenizer(ALPHABET, vocab_size=32)
@@ -18,11 +20,18 @@ def test_char_tokenizer_round_trips_and_pads_vocab(tmp_path):
     assert (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id) == (0, 1, 2)
     ids = tok("12+3=", add_special_tokens=False)["input_ids"]
     assert len(ids) == 5 and tok.decode(ids) == "12+3="
-    assert tok.decode([tok.convert_tokens_to_ids("4"), 31, 2], skip_special_tokens=True) == "4<r15>"
+    # ids 16..19 are the chat role tokens (room for them: 32 >= 20), the rest reserved
+    assert tok.convert_ids_to_tokens([16, 19, 20]) == ["<|system|>", "<|tool|>", "<r0>"]
+    assert tok.decode([tok.convert_tokens_to_ids("4"), 31, 2], skip_special_tokens=True) == "4<r11>"
     tok.save_pretrained(tmp_path)
     from transformers import AutoTokenizer
 
-    assert AutoTokenizer.from_pretrained(tmp_path)("12", add_special_tokens=False)["input_ids"] == ids[:2]
+    reloaded = AutoTokenizer.from_pretrained(tmp_path)
+    assert reloaded("12", add_special_tokens=False)["input_ids"] == ids[:2]
+    chat = [{"role": "user", "content": "12="}]
+    assert reloaded.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == (
+        "<bos><|user|>12=<eos><|assistant|>"
+    )
 
 
 def test_vocab_too_small_names_the_key():
@@ -92,7 +101,7 @@ def _rows(n):
 def test_jsonl_source_and_heldout_tail(tmp_path):
     path = tmp_path / "d.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in _rows(5)) + "\n")
-    train, held = load_splits(DataConfig(source="jsonl", path=str(path), heldout_size=2))
+    train, held = load_splits(DataConfig(source="jsonl", path=str(path), heldout_size=2), TOKENIZER)
     assert [e.prompt for e in train] == ["q0", "q1", "q2"] and [e.answer for e in held] == ["3", "4"]
 
 
@@ -102,14 +111,14 @@ def test_parquet_source(tmp_path):
 
     path = tmp_path / "d.parquet"
     pq.write_table(pa.Table.from_pylist(_rows(4)), path)
-    train, held = load_splits(DataConfig(source="parquet", path=str(path), heldout_size=1))
+    train, held = load_splits(DataConfig(source="parquet", path=str(path), heldout_size=1), TOKENIZER)
     assert len(train) == 3 and held[0].prompt == "q3"
 
 
 def test_hf_disk_source(tmp_path):
     datasets = pytest.importorskip("datasets", reason="the optional `datasets` package is not installed")
     datasets.Dataset.from_list(_rows(4)).save_to_disk(str(tmp_path / "ds"))
-    train, _ = load_splits(DataConfig(source="hf_disk", path=str(tmp_path / "ds"), heldout_size=1))
+    train, _ = load_splits(DataConfig(source="hf_disk", path=str(tmp_path / "ds"), heldout_size=1), TOKENIZER)
     assert len(train) == 3
 
 
@@ -117,17 +126,17 @@ def test_empty_missing_and_keyless_files_are_named(tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     with pytest.raises(ConfigError, match="empty.jsonl.*dataset is empty"):
-        load_splits(DataConfig(source="jsonl", path=str(empty), heldout_size=0))
+        load_splits(DataConfig(source="jsonl", path=str(empty), heldout_size=0), TOKENIZER)
     with pytest.raises(ConfigError, match="does not exist"):
-        load_splits(DataConfig(source="jsonl", path=str(tmp_path / "nope.jsonl")))
+        load_splits(DataConfig(source="jsonl", path=str(tmp_path / "nope.jsonl")), TOKENIZER)
     keyless = tmp_path / "k.jsonl"
     keyless.write_text('{"question": "1"}\n')
-    with pytest.raises(ConfigError, match="row 0 has no 'prompt'"):
-        load_splits(DataConfig(source="jsonl", path=str(keyless), heldout_size=0))
+    with pytest.raises(ConfigError, match="row 0 has neither 'prompt' nor 'messages'"):
+        load_splits(DataConfig(source="jsonl", path=str(keyless), heldout_size=0), TOKENIZER)
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{not json\n")
     with pytest.raises(ConfigError, match="line 1 is not JSON"):
-        load_splits(DataConfig(source="jsonl", path=str(bad), heldout_size=0))
+        load_splits(DataConfig(source="jsonl", path=str(bad), heldout_size=0), TOKENIZER)
 
 
 @settings(max_examples=30, deadline=None)

@@ -9,13 +9,13 @@ from hpcrl.rl.losses import (
     ClipRange,
     agg_loss,
     clipped_value_loss,
-    dpo_loss,
     entropy_bonus,
     entropy_from_logits,
     kl_penalty,
     ppo_clip_loss,
     truncated_is_weights,
 )
+from hpcrl.rl.preference_losses import dpo_loss
 
 LOSS_BT = torch.tensor([[1.0, 2, 3], [4, 0, 0]])
 MASK_BT = torch.tensor([[1.0, 1, 1], [1, 0, 0]])
