@@ -103,3 +103,16 @@ class SFTConfig:
     """(prompt, answer) rows per step; the loss counts answer tokens (and the closing <eos>) only."""
     eval_every: int = 10
     """Evaluate held-out loss and greedy exact match every this many steps (0: never)."""
+
+
+@dataclass(kw_only=True)
+class RMConfig:
+    """Reward model (stage: rm): a scalar head on the last token learns which of two responses is
+    preferred (Bradley-Terry, hpcrl.rl.rm); exported as an HF `*ForSequenceClassification`."""
+
+    steps: int = 100
+    """Training steps (one update on `pairs_per_step` pairs each)."""
+    pairs_per_step: int = 32
+    """Preference pairs (chosen, rejected) per step; each is two rows of the batch."""
+    eval_every: int = 10
+    """Evaluate held-out pairwise accuracy every this many steps (0: never)."""

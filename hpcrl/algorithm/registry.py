@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from hpcrl.algorithm.config import AlgorithmConfig, DPOConfig, SFTConfig
+from hpcrl.algorithm.config import AlgorithmConfig, DPOConfig, RMConfig, SFTConfig
 from hpcrl.errors import Problem
 
 
@@ -135,5 +135,15 @@ def sft_problems(sft: SFTConfig) -> list[Problem]:
         ("sft.steps", sft.steps >= 1, f"must be >= 1, got {sft.steps}"),
         ("sft.examples_per_step", sft.examples_per_step >= 1, f"must be >= 1, got {sft.examples_per_step}"),
         ("sft.eval_every", sft.eval_every >= 0, f"must be >= 0 (0: never), got {sft.eval_every}"),
+    ]
+    return [Problem(message, key=key) for key, ok, message in rules if not ok]
+
+
+def rm_problems(rm: RMConfig) -> list[Problem]:
+    """Every problem of the reward-model stage's own settings."""
+    rules = [
+        ("rm.steps", rm.steps >= 1, f"must be >= 1, got {rm.steps}"),
+        ("rm.pairs_per_step", rm.pairs_per_step >= 1, f"must be >= 1, got {rm.pairs_per_step}"),
+        ("rm.eval_every", rm.eval_every >= 0, f"must be >= 0 (0: never), got {rm.eval_every}"),
     ]
     return [Problem(message, key=key) for key, ok, message in rules if not ok]

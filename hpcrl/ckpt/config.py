@@ -32,6 +32,9 @@ class CheckpointConfig:
     refuses it, exit 2): point `resume_from` at it and give this run its own `dir`."""
     save_on_exit: bool = True
     """Save at the end of the run."""
+    export_hf: bool = True
+    """Write the stage's model as a Hugging Face directory, `<run_dir>/hf`, when the run completes (from
+    its final checkpoint: needs save_on_exit; hpcrl.stages.export)."""
     fallback: bool = True
     """On resume, fall back to the previous committed checkpoint when `latest` does not verify; the
     rejected one is renamed `step_N.rejected-<UTC time>` (kept for inspection, see `keep_rejected`; it

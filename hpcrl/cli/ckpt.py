@@ -36,7 +36,10 @@ def add_arguments(parser: ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="check: print one JSON object.")
     parser.add_argument("--hf", type=Optional[str], default=None, help="export: output HF directory.")
     parser.add_argument(
-        "--prefix", type=str, default="actor.", help="export: name prefix of the model tensors."
+        "--prefix",
+        type=Optional[str],
+        default=None,
+        help="export: name prefix of the model tensors (default: the checkpoint's only model, else actor.).",
     )
     parser.add_argument("--force", action="store_true", help="export: replace an earlier export in --hf DIR.")
 

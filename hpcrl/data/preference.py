@@ -21,7 +21,7 @@ from pathlib import Path
 from hpcrl.data.chat import parse_conversation, prompt_text, response_text
 from hpcrl.data.config import DataConfig
 from hpcrl.data.sources import read_jsonl, split_heldout
-from hpcrl.data.tasks import Example, get_task, make_splits
+from hpcrl.data.tasks import ALPHABET, Example, get_task, make_splits
 from hpcrl.errors import ConfigError, Problem, short
 
 RESPONSE_KEYS = ("chosen", "rejected")
@@ -64,9 +64,32 @@ def wrong_answer(answer: str, rng: random.Random) -> str:
             return candidate
 
 
-def toy_pairs(examples: list[Example], seed: int) -> list[PreferencePair]:
+def wrong_length_answer(answer: str, rng: random.Random) -> str:
+    """Characters of the tasks' alphabet, of a length other than `answer`'s, from empty to two longer (a
+    response that stops too soon, runs on, or writes what no answer holds)."""
+    length = rng.choice([n for n in range(len(answer) + 3) if n != len(answer)])
+    return "".join(rng.choice(ALPHABET) for _ in range(length))
+
+
+def near_miss(answer: str, rng: random.Random) -> str:
+    """`answer` with one position changed."""
+    i = rng.randrange(len(answer))
+    return answer[:i] + rng.choice([d for d in "0123456789" if d != answer[i]]) + answer[i + 1 :]
+
+
+def toy_pairs(examples: list[Example], seed: int, *, lengths: bool = False) -> list[PreferencePair]:
+    """Each example's answer (chosen) against a wrong one (rejected) of the same length. With `lengths`
+    (a reward model's data) the rejected responses cycle through three kinds: random of the same length,
+    a wrong length (empty to two longer) and a near miss (one digit changed); a reward model that only
+    ever compared random equal-length strings scores an empty or a degenerate response at random, and a
+    policy trained on it learns exactly those."""
     rng = random.Random(seed)
-    return [PreferencePair(e.prompt, e.answer, wrong_answer(e.answer, rng)) for e in examples]
+    kinds = (wrong_answer, wrong_length_answer, near_miss) if lengths else (wrong_answer,)
+    pairs = []
+    for i, e in enumerate(examples):
+        make = kinds[i % len(kinds)] if e.answer else wrong_length_answer
+        pairs.append(PreferencePair(e.prompt, e.answer, make(e.answer, rng)))
+    return pairs
 
 
 def read_preference_jsonl(path: Path, prompt_key: str = "prompt", tokenizer=None) -> list[PreferenceRow]:
@@ -124,12 +147,16 @@ def _prompt(value: object, where: str, file: str, key: str, tokenizer) -> str:
         raise ConfigError([Problem(f"{where}: {p.message}", file, p.key) for p in err.problems]) from None
 
 
-def load_preference_splits(cfg: DataConfig, tokenizer) -> tuple[list[PreferenceRow], list[PreferenceRow]]:
-    """(train, heldout) preference rows for `data.source` builtin or jsonl."""
+def load_preference_splits(
+    cfg: DataConfig, tokenizer, *, lengths: bool = False
+) -> tuple[list[PreferenceRow], list[PreferenceRow]]:
+    """(train, heldout) preference rows for `data.source` builtin or jsonl (`lengths`: the built-in
+    task's rejected responses vary in length too, see toy_pairs)."""
     if cfg.source == "builtin":
         task = get_task(cfg.task)
         train, heldout = make_splits(task, cfg.num_digits, cfg.train_size, cfg.heldout_size, cfg.shuffle_seed)
-        return toy_pairs(train, cfg.shuffle_seed), toy_pairs(heldout, cfg.shuffle_seed + 1)
+        seed = cfg.shuffle_seed
+        return toy_pairs(train, seed, lengths=lengths), toy_pairs(heldout, seed + 1, lengths=lengths)
     if cfg.source != "jsonl":
         raise ConfigError(
             Problem(

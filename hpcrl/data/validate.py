@@ -9,6 +9,7 @@ GPU recipe's /data/... does); its rows are checked when the job reads them, by t
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from pathlib import Path
 
 from hpcrl.data.config import DataConfig
@@ -19,12 +20,27 @@ from hpcrl.data.tokenizer import CHAT_VOCAB_SIZE
 from hpcrl.errors import ConfigError, Problem
 
 
+@dataclass(frozen=True)
+class PreferenceReader:
+    """A stage that reads the data file as preference rows."""
+
+    name: str
+    """What reads them, for messages ("dpo.loss_type ipo", "the rm stage")."""
+    key: str
+    """The key a problem with unpaired rows names (what chose this reader)."""
+    unpaired: bool = False
+    """It takes unpaired (completion, label) rows too (KTO); else every row must be a pair."""
+
+
 def data_file_problems(
-    data: DataConfig, *, preference: str | None, hf_path: str | None, vocab_size: int | None
+    data: DataConfig,
+    *,
+    preference: PreferenceReader | None,
+    hf_path: str | None,
+    vocab_size: int | None,
 ) -> list[Problem]:
-    """Problems of `data`'s file (none for built-in tasks or a path absent here). `preference`: the
-    dpo stage's loss type, to read it as preference rows (kto reads unpaired ones too) rather than
-    prompt / answer / chat rows."""
+    """Problems of `data`'s file (none for built-in tasks or a path absent here). `preference`: read it
+    as preference rows for that reader rather than prompt / answer / chat rows."""
     if data.source == "builtin" or not data.path:
         return []
     path = Path(data.path)
@@ -57,12 +73,10 @@ def _checked(
             message = f"the preference stage reads rows from builtin or jsonl, not {source!r}"
             return (Problem(message, key="data.source"),), False
         rows = read_preference_jsonl(Path(path), prompt_key)
-        unpaired = [i for i, row in enumerate(rows) if isinstance(row, UnpairedRow)]
-        if unpaired and preference != "kto":
-            message = (
-                f"row {unpaired[0]} is unpaired (completion, label): dpo.loss_type {preference} needs pairs"
-            )
-            return (Problem(message, path, "dpo.loss_type"),), False
+        lone = [i for i, row in enumerate(rows) if isinstance(row, UnpairedRow)]
+        if lone and not preference.unpaired:
+            message = f"row {lone[0]} is unpaired (completion, label): {preference.name} needs pairs"
+            return (Problem(message, path, preference.key),), False
         return (), any(isinstance(v, list) for row in read_jsonl(Path(path)) for v in row.values())
     except ConfigError as err:
         return tuple(err.problems), False

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from hpcrl.algorithm.config import AlgorithmConfig, DPOConfig, SFTConfig
+from hpcrl.algorithm.config import AlgorithmConfig, DPOConfig, RMConfig, SFTConfig
 from hpcrl.ckpt.config import CheckpointConfig
 from hpcrl.cluster.config import ClusterConfig
 from hpcrl.data.config import DataConfig
@@ -23,7 +23,7 @@ from hpcrl.rewards.config import RewardConfig
 from hpcrl.rollout.config import RolloutConfig
 from hpcrl.train.config import ModelConfig, OptimizerConfig
 
-StageName = Literal["rl", "dpo", "sft"]
+StageName = Literal["rl", "dpo", "sft", "rm"]
 """The stage kinds (hpcrl.experiment.stage_kinds.STAGE_KINDS holds what each reads and runs)."""
 
 
@@ -39,7 +39,8 @@ class ExperimentConfig:
     """Where run directories are created (relative to the working directory)."""
     stage: StageName = "rl"
     """What the element trains: `rl` (online RL: the algorithm, rollout, reward and placement sections),
-    `dpo` (offline DPO: the dpo section) or `sft` (supervised fine-tuning: the sft section). Each stage
+    `dpo` (offline DPO, IPO or KTO: the dpo section), `sft` (supervised fine-tuning: the sft section) or
+    `rm` (a reward model on preference pairs: the rm section). Each stage
     reads the shared sections (model, parallel, optim, data, checkpoint, logging, cluster) and its own; a
     template setting another stage's section is refused at expand (hpcrl.experiment.stage_kinds, which
     also names each stage's entrypoint)."""
@@ -55,6 +56,7 @@ class ExperimentConfig:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     dpo: DPOConfig = field(default_factory=DPOConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
+    rm: RMConfig = field(default_factory=RMConfig)
     data: DataConfig = field(default_factory=DataConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)

@@ -10,10 +10,10 @@ import functools
 import re
 from collections.abc import Callable
 
-from hpcrl.algorithm.registry import ALGORITHMS, algorithm_problems, dpo_problems, sft_problems
+from hpcrl.algorithm.registry import ALGORITHMS, algorithm_problems, dpo_problems, rm_problems, sft_problems
 from hpcrl.ckpt.config import checkpoint_problems
 from hpcrl.cluster.rules import check_cluster
-from hpcrl.data.validate import data_file_problems
+from hpcrl.data.validate import PreferenceReader, data_file_problems
 from hpcrl.distributed.layout import ModelDims, ParallelLayout, model_problems
 from hpcrl.distributed.placement import placement_of
 from hpcrl.errors import ConfigError, Problem, short
@@ -141,7 +141,7 @@ def rl_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
     )
 
 
-def _data_rules(cfg: ExperimentConfig, *, preference: str | None) -> list[tuple[str, str]]:
+def _data_rules(cfg: ExperimentConfig, *, preference: PreferenceReader | None) -> list[tuple[str, str]]:
     """The data file's rows, when the file is here (hpcrl.data.validate)."""
     m = cfg.model
     problems = data_file_problems(cfg.data, preference=preference, hf_path=m.hf_path, vocab_size=m.vocab_size)
@@ -152,31 +152,50 @@ def dpo_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
     """The preference stage's section, and what it asks of the batch: rows reach DP ranks and
     micro-batches by count (sigmoid and ipo keep each (chosen, rejected) pair together: an even
     micro-batch), and every DP rank gets a row."""
-    out = [(p.key or "dpo", p.message) for p in dpo_problems(cfg.dpo)]
-    optim, dpo, ranks = cfg.optim, cfg.dpo, cfg.parallel.data
+    dpo = cfg.dpo
+    out = [(p.key or "dpo", p.message) for p in dpo_problems(dpo)]
     paired = dpo.loss_type != "kto"
-    if optim.balance_dp_tokens:
-        out.append(("optim.balance_dp_tokens", "the preference stage dispatches rows to DP ranks by count"))
-    if optim.max_tokens_per_micro_batch is not None:
-        out.append(
-            (
-                "optim.max_tokens_per_micro_batch",
-                "the preference stage cuts micro-batches by rows: use optim.micro_batch_size",
-            )
-        )
-    if paired and optim.micro_batch_size % 2:
-        out.append(
-            (
-                "optim.micro_batch_size",
-                f"must be even for dpo.loss_type {dpo.loss_type} (a micro-batch holds whole chosen/rejected "
-                f"pairs), got {optim.micro_batch_size}",
-            )
-        )
-    out += _data_rules(cfg, preference=dpo.loss_type)
     rows = dpo.pairs_per_step if paired else 2 * dpo.pairs_per_step
-    if 1 <= rows < ranks:
+    why = f"dpo.loss_type {dpo.loss_type}"
+    return (
+        out
+        + _row_batch_rules(cfg, "dpo.pairs_per_step", rows, paired, why)
+        + _data_rules(cfg, preference=PreferenceReader(why, "dpo.loss_type", unpaired=not paired))
+    )
+
+
+def rm_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
+    """The reward-model stage's section, and the pair batch it trains on (as dpo_rules)."""
+    out = [(p.key or "rm", p.message) for p in rm_problems(cfg.rm)]
+    pairs = cfg.rm.pairs_per_step
+    return (
+        out
+        + _row_batch_rules(cfg, "rm.pairs_per_step", pairs, True, "the rm stage")
+        + _data_rules(cfg, preference=PreferenceReader("the rm stage", "stage"))
+    )
+
+
+def _row_batch_rules(
+    cfg: ExperimentConfig, key: str, units: int, paired: bool, why: str
+) -> list[tuple[str, str]]:
+    """A batch dispatched by rows (whole pairs when `paired`): no token balancing or budget, an even
+    micro-batch for pairs, and at least one of the step's `units` per DP rank."""
+    optim, ranks = cfg.optim, cfg.parallel.data
+    out = []
+    if optim.balance_dp_tokens:
+        out.append(("optim.balance_dp_tokens", f"{why} dispatches rows to DP ranks by count"))
+    if optim.max_tokens_per_micro_batch is not None:
+        message = f"{why} cuts micro-batches by rows: use optim.micro_batch_size"
+        out.append(("optim.max_tokens_per_micro_batch", message))
+    if paired and optim.micro_batch_size % 2:
+        message = (
+            f"must be even for {why} (a micro-batch holds whole chosen/rejected pairs), "
+            f"got {optim.micro_batch_size}"
+        )
+        out.append(("optim.micro_batch_size", message))
+    if 1 <= units < ranks:
         unit = "pairs" if paired else "rows"
-        out.append(("dpo.pairs_per_step", f"{rows} {unit} per step leave some of the {ranks} DP ranks empty"))
+        out.append((key, f"{units} {unit} per step leave some of the {ranks} DP ranks empty"))
     return out
 
 

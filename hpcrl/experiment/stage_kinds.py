@@ -26,7 +26,7 @@ from typing import Any
 
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.config import ExperimentConfig, StageName
-from hpcrl.experiment.rules import StageRules, check_rules, dpo_rules, rl_rules, sft_rules
+from hpcrl.experiment.rules import StageRules, check_rules, dpo_rules, rl_rules, rm_rules, sft_rules
 from hpcrl.metrics.headline import Headline
 
 SHARED_SECTIONS = ("model", "parallel", "optim", "data", "checkpoint", "logging", "cluster")
@@ -48,6 +48,9 @@ class StageKind:
     """The dotted key of its step count (run identity leaves it free: a resume may extend a run)."""
     headline: Headline
     """What its progress bar and plot show."""
+    model_prefix: str = "actor."
+    """The checkpoint prefix of the model the stage trains: what its HF export (`<run_dir>/hf`) and
+    `hpcrl ckpt export` read by default."""
     planned: bool = False
     """`hpcrl plan` and `hpcrl rehearse` size and rehearse it (they model the RL stage's pools, rollout
     and reshard; another stage gets a clear refusal, not a plan of what it does not run)."""
@@ -92,6 +95,22 @@ STAGE_KINDS: dict[str, StageKind] = {
                 heldout="sft/heldout_exact_match",
                 label="token accuracy",
                 heldout_label="held-out exact match",
+                spread=None,
+                plot_file="accuracy.png",
+            ),
+        ),
+        StageKind(
+            name="rm",
+            entrypoint="hpcrl.rl.rm:main",
+            sections=("rm",),
+            rules=rm_rules,
+            steps_key="rm.steps",
+            model_prefix="reward.",
+            headline=Headline(
+                title="RM",
+                train="rm/accuracy",
+                heldout="rm/heldout_accuracy",
+                label="pairwise accuracy",
                 spread=None,
                 plot_file="accuracy.png",
             ),

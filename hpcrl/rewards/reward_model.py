@@ -1,7 +1,11 @@
 """Reward-model worker: an HF sequence-classification model scores prompt + response text.
 
 The model directory holds config.json, weights and its tokenizer (a `*ForSequenceClassification` with
-one label); the score is its logit for the last real token. Runs in eval mode under no_grad.
+one label, e.g. the `hf` export of an hpcrl `rm` stage); the score is its logit for the last real token.
+A row is tokenised as hpcrl's offline stages build theirs (hpcrl.stages.sequences): BOS (when the
+tokenizer has one and the prompt's template did not write it), the prompt, the response, then EOS (the
+rollout's decoded responses stop before it) - so an hpcrl reward model scores exactly the rows it was
+trained on. Right padded; runs in eval mode under no_grad.
 """
 
 from __future__ import annotations
@@ -32,10 +36,31 @@ class RewardModelScorer:
     def __call__(
         self, prompts: Sequence[str], responses: Sequence[str], answers: Sequence[str]
     ) -> list[float]:
-        texts = [p + r for p, r in zip(prompts, responses, strict=True)]
+        rows = self.rows(prompts, responses)
         scores: list[float] = []
-        for start in range(0, len(texts), self.batch_size):
-            enc = self.tokenizer(texts[start : start + self.batch_size], return_tensors="pt", padding=True)
-            logits = self.model(**enc.to(self.device)).logits
+        for start in range(0, len(rows), self.batch_size):
+            ids_BS, attention_BS = self._padded(rows[start : start + self.batch_size])
+            logits = self.model(
+                input_ids=ids_BS.to(self.device), attention_mask=attention_BS.to(self.device)
+            ).logits
             scores.extend(logits[:, 0].float().cpu().tolist())
         return scores
+
+    def rows(self, prompts: Sequence[str], responses: Sequence[str]) -> list[list[int]]:
+        """Token ids of each (prompt, response): BOS, prompt, response, EOS."""
+        tok, bos = self.tokenizer, self.tokenizer.bos_token_id
+        prompt_ids = tok(list(prompts), add_special_tokens=False)["input_ids"]
+        response_ids = tok(list(responses), add_special_tokens=False)["input_ids"]
+        rows = []
+        for p, r in zip(prompt_ids, response_ids, strict=True):
+            head = [] if bos is None or p[:1] == [bos] else [bos]
+            rows.append([*head, *p, *r, tok.eos_token_id])
+        return rows
+
+    def _padded(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(len(row) for row in rows)
+        ids_BS = torch.full((len(rows), width), self.tokenizer.pad_token_id, dtype=torch.long)
+        attention_BS = torch.zeros((len(rows), width), dtype=torch.long)
+        for b, row in enumerate(rows):
+            ids_BS[b, : len(row)], attention_BS[b, : len(row)] = torch.tensor(row), 1
+        return ids_BS, attention_BS

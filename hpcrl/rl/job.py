@@ -18,6 +18,7 @@ from hpcrl.ckpt.state import seed_rngs
 from hpcrl.distributed.layout import ParallelLayout
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.config import ExperimentConfig
+from hpcrl.experiment.stage_kinds import stage_of
 from hpcrl.lifecycle import Lifecycle
 from hpcrl.rl.assemble import build_job, placement_problems, rollout_engine_problems, training_world
 from hpcrl.rollout.engine_rule import EngineFacts
@@ -75,6 +76,7 @@ def main(cfg: ExperimentConfig, run_dir: Path, lifecycle: Lifecycle | None = Non
         last, plot = run_steps(
             cfg, run_dir, parts, job.logger, job.driver.step, final, start,
             steps=cfg.algorithm.steps, sleep_s=step_sleep_s(), lifecycle=lifecycle,
+            export_prefix=stage_of(cfg).model_prefix,
         )  # fmt: skip
     except BaseException:
         job.close(False)  # a peer may be gone: do not wait for its transfer

@@ -1,4 +1,5 @@
-"""Offline preference losses (stage: dpo, `dpo.loss_type`): DPO's sigmoid, IPO and KTO.
+"""Offline preference losses (stage: dpo, `dpo.loss_type`): DPO's sigmoid, IPO and KTO; and the reward
+model's Bradley-Terry loss (stage: rm).
 
 Inputs are per-sequence log-ratios against the frozen reference, rho(y|x) = log pi(y|x) - log ref(y|x),
 with log pi(y|x) the sum of the response tokens' log-probs. Shape legend: N pairs, B rows.
@@ -85,3 +86,13 @@ def kto_losses_B(
     value_B = torch.where(desirable_B, beta * (logratio_B - z0), beta * (z0 - logratio_B))
     weight_B = torch.where(desirable_B, desirable_weight, undesirable_weight).to(logratio_B.dtype)
     return weight_B * (1 - torch.sigmoid(value_B))
+
+
+def bradley_terry_loss(
+    chosen_score_N: torch.Tensor, rejected_score_N: torch.Tensor
+) -> tuple[torch.Tensor, DPOStats]:
+    """The reward model's pairwise loss (Bradley & Terry 1952; InstructGPT, Ouyang et al. 2022, eq. 1):
+    L = -mean_N log sigmoid(r(x, y_w) - r(x, y_l)), the scores r read at each sequence's last token. Stats:
+    pairwise accuracy (r_w > r_l) and the mean margin r_w - r_l."""
+    margin_N = chosen_score_N - rejected_score_N
+    return -F.logsigmoid(margin_N).mean(), _stats(margin_N)

@@ -8,9 +8,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import torch.distributed as dist
+
 from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.lifecycle import Lifecycle
 from hpcrl.stages.checkpointing import StageCheckpointing
+from hpcrl.stages.export import export_final_model
 from hpcrl.stages.stateful import Stateful
 
 if TYPE_CHECKING:
@@ -30,12 +33,14 @@ def run_steps(
     steps: int,
     sleep_s: float = 0.0,
     lifecycle: Lifecycle | None = None,
+    export_prefix: str,
 ) -> tuple[dict, Path | None]:
     """The step loop of a checkpointed stage (the RL job and DPO share it): resume, `step(i)` for the
     remaining of `steps` steps (each logged once, with time/elapsed_s since `start`; then a `sleep_s` pause, the
     recovery tests' knob hpcrl.stages.rank.STEP_SLEEP_ENV), saves and a stop for requeue when the trigger says
     so, then `final(steps)` (e.g. the final evaluation) unless stopped; the logger and checkpointer are
-    closed (save_on_exit) whatever happens. `ckpt_parts` = (trainers by prefix, the stage's other
+    closed (save_on_exit) whatever happens; a completed run then exports the `export_prefix` model (the
+    stage's own: RL's actor, the reward model's "reward.") to `<run_dir>/hf` (hpcrl.stages.export). `ckpt_parts` = (trainers by prefix, the stage's other
     Statefuls: its data cursor, ...); `lifecycle`: the run's signals (None: an inert one). Returns (the last metrics, merged with the final ones; the reward plot or None)."""
     ckpt: StageCheckpointing | None = None
     completed, last, stopped, in_step = 0, {}, False, False
@@ -64,4 +69,13 @@ def run_steps(
         plot = logger.close()
         if ckpt is not None:
             ckpt.close(completed, between_steps=not in_step)
+    if completed == steps and not stopped and cfg.checkpoint.export_hf and _is_rank_zero():
+        # rank 0 reads the committed checkpoint, so it need not hold the model (split placement)
+        exported = export_final_model(ckpt.checkpointer.root, Path(run_dir), export_prefix, steps)
+        if exported is not None:
+            print(f"hpcrl: HF export {exported}", flush=True)
     return last, plot
+
+
+def _is_rank_zero() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0

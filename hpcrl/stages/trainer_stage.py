@@ -1,10 +1,11 @@
-"""The run of a stage that trains one policy on a dataset (SFT, offline DPO; reward model and KTO next):
+"""The run of a stage that trains one model on a dataset (SFT, offline DPO / IPO / KTO, reward model):
 its rank preamble, step loop, evaluations, checkpoints and headline, around the stage's own driver.
 
 A driver builds its trainer(s) and data from the config and offers `step(i)` (one update, its metrics)
 and `evaluate(i)` (held-out metrics of the policy as it is); its `policy.trainer` is checkpointed as
-"actor." (so `hpcrl ckpt export` reads it) and its `sampler`'s cursor with it, so resume=auto continues
-from `latest` with every step logged once.
+its stage kind's model_prefix ("actor.", the reward model's "reward."; `hpcrl ckpt export --prefix`
+reads it) and its `sampler`'s cursor with it, so resume=auto continues from `latest` with every
+step logged once; a completed run exports that model to `<run_dir>/hf` (hpcrl.stages.export).
 """
 
 from __future__ import annotations
@@ -82,10 +83,10 @@ def run_trainer_stage(
         return metrics | driver.step(index)
 
     final = driver.evaluate if eval_every else None  # the final policy, logged as step `steps`
-    parts = ({"actor.": driver.policy.trainer}, [DataCursorState(driver)])
+    parts = ({kind.model_prefix: driver.policy.trainer}, [DataCursorState(driver)])
     last, plot = run_steps(
         cfg, run_dir, parts, logger, step, final, start,
-        steps=steps, sleep_s=step_sleep_s(), lifecycle=lifecycle,
+        steps=steps, sleep_s=step_sleep_s(), lifecycle=lifecycle, export_prefix=kind.model_prefix,
     )  # fmt: skip
     if rank == 0 and plot is not None:
         print(f"hpcrl: {kind.headline.label} curve {plot}", flush=True)

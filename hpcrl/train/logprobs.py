@@ -123,6 +123,17 @@ class PolicyHead:
         )
 
 
+class ScoreHead:
+    """Turns a ScalarHead output [B, T, 1] into per-position scores, unshifted: values_BT[b, t] = r(x_<=t),
+    the score of the prefix ending at token t (a reward model reads it at each row's last real token,
+    where transformers' `*ForSequenceClassification` reads its score: hpcrl.rl.rm)."""
+
+    keys = ("values_BT",)
+
+    def __call__(self, model_out_BTX: torch.Tensor, input_ids_BT: torch.Tensor) -> HeadOutputs:  # noqa: ARG002
+        return HeadOutputs(values_BT=model_out_BTX[:, :, 0].float())
+
+
 class ValueHead:
     """Turns the critic's ScalarHead output [B, T, 1] into values aligned to tokens:
     values_BT[b, t] = V(x_<t), the value of the state in which token t is generated."""

@@ -41,7 +41,7 @@ from hpcrl.train.batch import TrainBatch
 from hpcrl.train.config import ModelConfig, OptimizerConfig
 from hpcrl.train.dtypes import DTYPES
 from hpcrl.train.hf_config import with_hf_architecture
-from hpcrl.train.logprobs import HeadOutputs, PolicyHead, ValueHead
+from hpcrl.train.logprobs import HeadOutputs, PolicyHead, ScoreHead, ValueHead
 from hpcrl.train.model import (
     TrainGroups,
     build_gpt_model,
@@ -62,7 +62,7 @@ class Trainer:
         model: torch.nn.Module,
         model_cfg: ModelConfig,
         groups: TrainGroups,
-        head: PolicyHead | ValueHead,
+        head: PolicyHead | ValueHead | ScoreHead,
         *,
         optim_cfg: OptimizerConfig | None,
         lr: float | None = None,
@@ -271,9 +271,18 @@ def build_policy_trainer(
 
 def build_value_trainer(model_cfg: ModelConfig, optim_cfg: OptimizerConfig, groups: TrainGroups) -> Trainer:
     """Critic: the same trunk with a ScalarHead; lr = optim_cfg.critic_lr or optim_cfg.lr."""
-    if model_cfg.hf_path:
-        model, model_cfg = _from_hf(model_cfg, groups, value_head=True)
-    else:
-        model = build_gpt_model(model_cfg, groups, value_head=True)
     lr = optim_cfg.critic_lr if optim_cfg.critic_lr is not None else optim_cfg.lr
-    return _build(model, model_cfg, groups, ValueHead(), optim_cfg, lr)
+    return _build(*_scalar_model(model_cfg, groups), groups, ValueHead(), optim_cfg, lr)
+
+
+def build_reward_trainer(model_cfg: ModelConfig, optim_cfg: OptimizerConfig, groups: TrainGroups) -> Trainer:
+    """Reward model: the critic's trunk and ScalarHead (the head fresh, the trunk from `model.hf_path`,
+    e.g. the SFT model, when set), scoring each prefix (ScoreHead); lr = optim_cfg.lr."""
+    return _build(*_scalar_model(model_cfg, groups), groups, ScoreHead(), optim_cfg, None)
+
+
+def _scalar_model(model_cfg: ModelConfig, groups: TrainGroups):
+    """(model with a ScalarHead, its ModelConfig)."""
+    if model_cfg.hf_path:
+        return _from_hf(model_cfg, groups, value_head=True)
+    return build_gpt_model(model_cfg, groups, value_head=True), model_cfg

@@ -152,6 +152,8 @@ def assert_exactly_once(runs: KilledAndResumed, steps: int) -> None:
     for name in ref_state:
         assert torch.equal(ref_state[name], got_state[name]), f"{name} differs {runs.context}"
     assert digest(ref_state) == digest(got_state)
+    export = "hf/model.safetensors"  # the completed run's HF export, written from that final checkpoint
+    assert (runs.resumed / export).read_bytes() == (runs.reference / export).read_bytes(), runs.context
     print(
         f"killed after {runs.killed_at} steps, resumed at {runs.resume_from}, "
         f"final sha256={digest(got_state)}"

@@ -165,11 +165,13 @@ def test_a_budget_below_the_longest_sequence_is_exit_2_at_expand(capsys, overrid
     assert "optim.max_tokens_per_micro_batch" in err and says in err, err
 
 
-def test_dpo_refuses_a_token_budget_at_expand(capsys):
+@pytest.mark.parametrize("template", ["dpo_tiny.yaml", "rm_tiny.yaml"])
+def test_pair_stages_refuse_a_token_budget_at_expand(capsys, template):
     capsys.readouterr()
-    template = str(REPO / "templates" / "dpo_tiny.yaml")
-    assert cli.main(["expand", template, "--optim.max_tokens_per_micro_batch", "4096"]) == 2
-    assert "keeps each pair in one micro-batch" in capsys.readouterr().err
+    args = ["expand", str(REPO / "templates" / template), "--optim.max_tokens_per_micro_batch", "4096"]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert "optim.max_tokens_per_micro_batch" in err and "cuts micro-batches by rows" in err, err
 
 
 @settings(max_examples=200, deadline=None)
@@ -183,9 +185,10 @@ def test_balanced_ranks_hold_every_row_once_and_differ_by_at_most_one_row(widths
     assert not widths or max(sums) - min(sums) <= max(widths)
 
 
-def test_dpo_refuses_token_balancing_at_expand(capsys):
+@pytest.mark.parametrize("template", ["dpo_tiny.yaml", "rm_tiny.yaml"])
+def test_pair_stages_refuse_token_balancing_at_expand(capsys, template):
     capsys.readouterr()
-    template = str(REPO / "templates" / "dpo_tiny.yaml")
-    assert cli.main(["expand", template, "--optim.balance_dp_tokens", "true"]) == 2
+    args = ["expand", str(REPO / "templates" / template), "--optim.balance_dp_tokens", "true"]
+    assert cli.main(args) == 2
     err = capsys.readouterr().err
-    assert "optim.balance_dp_tokens" in err and "dispatches whole pairs" in err, err
+    assert "optim.balance_dp_tokens" in err and "dispatches rows to DP ranks by count" in err, err
