@@ -48,6 +48,8 @@ def templates() -> list[tuple[Path, str | None]]:
             reason = "a base others extend"
         elif "hf_path: null" in text and "set by the benchmark" in text:
             reason = "its caller fills model.hf_path"
+        elif "teacher_path: null" in text:
+            reason = "its caller names the teacher (algorithm.teacher_path)"
         elif "hpcrl.launcher.probe:main" in text:
             reason = "the launcher's probe entrypoint (no training, no metrics)"
         else:

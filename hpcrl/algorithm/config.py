@@ -11,9 +11,9 @@ from typing import Literal
 class AlgorithmConfig:
     """The RL algorithm the driver runs (stage: rl)."""
 
-    name: Literal["grpo", "ppo", "remax", "rloo", "reinforce_pp", "reinforce_pp_baseline"] = "grpo"
+    name: Literal["grpo", "ppo", "remax", "rloo", "reinforce_pp", "reinforce_pp_baseline", "distill"] = "grpo"
     """Advantage estimator / algorithm (hpcrl.algorithm.registry.ALGORITHMS says what each needs). ppo uses a
-    critic with GAE."""
+    critic with GAE; distill is on-policy distillation from `teacher_path`."""
     steps: int = 40
     """Training iterations (one rollout batch + its updates each)."""
     prompts_per_step: int = 16
@@ -65,6 +65,17 @@ class AlgorithmConfig:
     buffer lose up to overlong_penalty_factor, linearly over the buffer; 0 = off."""
     overlong_penalty_factor: float = 1.0
     """The penalty at the full generation budget."""
+    teacher_path: str | None = None
+    """On-policy distillation (name: distill): the frozen teacher, an HF directory (config.json, weights
+    and the student's vocabulary), loaded like the reference model (same pool and layout, any size that
+    layout divides); it scores every token the student samples."""
+    distill_task_coef: float = 0.0
+    """name: distill: weight of the task reward (each response's score, on every token) added to the
+    per-token reverse-KL advantage (hpcrl.rl.advantages.reverse_kl_advantages); 0 = pure distillation."""
+    distill_whiten: bool = True
+    """name: distill: whiten the per-token advantages over the batch's response tokens (subtract their
+    mean, a baseline: E_y~pi[grad log pi(y)] = 0 leaves the gradient's expectation unchanged; divide by
+    their std). Off: the raw reverse KL as the advantage (Thinking Machines' recipe)."""
     eval_every: int = 5
     """Evaluate held-out reward every this many steps (0: never)."""
 

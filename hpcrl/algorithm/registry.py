@@ -24,6 +24,8 @@ class AlgorithmSpec:
     """Group baselines need a group: at least this many responses per prompt."""
     greedy_baseline: bool = False
     """Also generates one greedy response per prompt as the baseline (ReMax)."""
+    needs_teacher: bool = False
+    """Scores the samples with a frozen teacher (`algorithm.teacher_path`: on-policy distillation)."""
 
 
 ALGORITHMS: dict[str, AlgorithmSpec] = {
@@ -35,6 +37,7 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {
         AlgorithmSpec("remax", greedy_baseline=True),
         AlgorithmSpec("reinforce_pp"),
         AlgorithmSpec("reinforce_pp_baseline", min_samples_per_prompt=2),
+        AlgorithmSpec("distill", needs_teacher=True),
     )
 }
 """Every algorithm by `AlgorithmConfig.name`."""
@@ -85,6 +88,20 @@ def _online_rules(algo: AlgorithmConfig, spec: AlgorithmSpec, samples: int, max_
             f"must be a finite number >= 1 (or null: off), got {algo.tis_cap}",
         ),
         ("algorithm.kl_coef", algo.kl_coef >= 0, f"must be >= 0, got {algo.kl_coef}"),
+        (
+            "algorithm.teacher_path",
+            spec.needs_teacher == (algo.teacher_path is not None),
+            f"{algo.name} needs a teacher: an HF directory"
+            if spec.needs_teacher
+            else f"only algorithm.name: distill reads a teacher ({algo.name} would ignore it)",
+        ),
+        (
+            "algorithm.distill_task_coef",
+            0 <= algo.distill_task_coef < math.inf and (spec.needs_teacher or algo.distill_task_coef == 0),
+            f"must be a finite number >= 0, got {algo.distill_task_coef}"
+            if spec.needs_teacher
+            else f"only algorithm.name: distill reads it ({algo.name} would ignore it)",
+        ),
         (
             "algorithm.kl_in_reward",
             not (algo.kl_in_reward and algo.kl_coef == 0),

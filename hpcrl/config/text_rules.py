@@ -30,6 +30,7 @@ PATH_KEYS = frozenset(
     {
         "run_root",
         "model.hf_path",
+        "algorithm.teacher_path",
         "data.path",
         "reward.model_path",
         "reward.function",

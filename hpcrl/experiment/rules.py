@@ -9,8 +9,10 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Callable
+from dataclasses import replace
 
 from hpcrl.algorithm.registry import ALGORITHMS, algorithm_problems, dpo_problems, rm_problems, sft_problems
+from hpcrl.algorithm.teacher import teacher_model
 from hpcrl.ckpt.config import checkpoint_problems
 from hpcrl.cluster.rules import check_cluster
 from hpcrl.data.validate import PreferenceReader, data_file_problems
@@ -136,6 +138,7 @@ def rl_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
         + _sampling_rules(cfg)
         + _algorithm_rules(cfg)
         + _reward_rules(cfg)
+        + _teacher_rules(cfg)
         + _rl_token_budget_rules(cfg)
         + _data_rules(cfg, preference=None)
     )
@@ -208,6 +211,36 @@ def sft_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
             ("sft.examples_per_step", f"{rows} rows per step leave some of the {ranks} DP ranks empty")
         )
     return out
+
+
+def _teacher_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
+    """The distillation teacher, where its config.json is readable here (else the ranks check it before
+    loading a weight, hpcrl.rl.roles): a model the training layout divides (it runs at the student's
+    t and p, never generating) and scores the student's token ids with the same vocabulary."""
+    teacher = teacher_model(cfg.algorithm, cfg.model)
+    if teacher is None:
+        return []
+    resolved, file_problems = _model_dims(teacher)
+    problems = [_under_teacher_path(p) for p in file_problems]
+    student, _ = _model_dims(cfg.model)
+    try:
+        layout = ParallelLayout.from_config(replace(cfg.parallel, rollout_tensor=1, rollout_pipeline=1))
+    except ConfigError:
+        layout = None  # the student's layout rules report it
+    if resolved is not None and layout is not None:
+        problems += [_under_teacher_path(p) for p in model_problems(layout, resolved)]
+    if resolved is not None and student is not None and resolved.vocab_size != student.vocab_size:
+        message = f"the teacher's vocab_size {resolved.vocab_size} is not the student's {student.vocab_size}"
+        problems.append(Problem(message, key="algorithm.teacher_path"))
+    return [(p.key, p.message) for p in problems]
+
+
+def _under_teacher_path(problem: Problem) -> Problem:
+    """A problem of the teacher's model, reported under `algorithm.teacher_path` (its own keys and file
+    in the message: they are not the template's)."""
+    where = ":".join(part for part in (problem.file, problem.key) if part and part != "model.hf_path")
+    message = f"the teacher's {where}: {problem.message}" if where else f"the teacher: {problem.message}"
+    return Problem(message, key="algorithm.teacher_path")
 
 
 def _engine_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
@@ -304,19 +337,20 @@ def _with_hf_architecture(fields: tuple[tuple[str, object], ...]) -> ModelConfig
 
 def placement_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
     """The placement's own keys (hpcrl.distributed.placement) and what it asks of the other sections:
-    a second pool needs a role to host (a critic,
-    or a reference when kl_coef > 0); off-policy samples (async, m >= 1) need the truncated importance
+    a second pool needs a role to host (a critic, a distillation teacher, or a reference when
+    kl_coef > 0); off-policy samples (async, m >= 1) need the truncated importance
     weight, which corrects the PPO ratio for the stale behaviour policy."""
     placement = placement_of(cfg.placement)
     out = [(p.key or "placement", p.message) for p in placement.problems(cfg.parallel, cfg.placement)]
     algo = cfg.algorithm
     spec = ALGORITHMS.get(algo.name)
-    if placement.models_pool and spec is not None and not (spec.needs_critic or algo.kl_coef > 0):
+    hosted = spec is not None and (spec.needs_critic or spec.needs_teacher or algo.kl_coef > 0)
+    if placement.models_pool and spec is not None and not hosted:
         out.append(
             (
                 "placement.kind",
-                f"split placement puts the critic and the reference on their own pool, but {algo.name} with "
-                "kl_coef=0 has neither (use colocated)",
+                f"split placement puts the critic, the reference and the teacher on their own pool, but "
+                f"{algo.name} with kl_coef=0 has none of them (use colocated)",
             )
         )
     m = cfg.placement.max_off_policy_steps

@@ -6,6 +6,7 @@
 Pure (no torch). Formulas and their sources: hpcrl.plan.formulas. What is resident when:
 - persistent (all phases): actor params, grads (hpcrl's trainer keeps .grad between steps), AdamW states
   (+ fp32 master for 16-bit params), the critic's same three (ppo), the reference params (kl_coef > 0),
+  the distillation teacher's params (its own dims, from its config.json),
   and the rollout engine's own copy of its generation shard.
 - train: activations of ONE micro-batch over the stage's L/p layers (hpcrl's pipeline runs one micro-batch
   forward+backward at a time, so Korthikanti §4.2's "p micro-batches in flight" of 1F1B does not apply)
@@ -26,11 +27,14 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from hpcrl.algorithm.registry import ALGORITHMS
+from hpcrl.algorithm.teacher import teacher_model
 from hpcrl.distributed.placement import placement_of
+from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.rules import gpus_per_node
 from hpcrl.plan import formulas as fm
 from hpcrl.plan.capacity import Capacity, device_capacity
 from hpcrl.rollout.engine_rule import ENGINES, EngineFacts, resolve_engine, sleeps_between_steps
+from hpcrl.train.config import ModelConfig
 from hpcrl.train.hf_config import ModelDimsUnavailable as ModelDimsUnavailable  # submit's name
 from hpcrl.train.hf_config import with_hf_architecture
 
@@ -134,7 +138,26 @@ alone where config.json is not readable."""
 def dims_of(cfg: ExperimentConfig) -> fm.Dims:
     """Model dims from `<hf_path>/config.json` when it is readable here (the template's own values
     checked against it), else from the `model` fields (hpcrl.train.hf_config.with_hf_architecture)."""
-    m = with_hf_architecture(cfg.model, need=PLANNED_FIELDS)
+    return model_dims(cfg.model)
+
+
+def teacher_dims(cfg: ExperimentConfig) -> fm.Dims | None:
+    """The distillation teacher's dims (its config.json must be readable here: a teacher has no
+    template fields to plan from), or None without a teacher."""
+    teacher = teacher_model(cfg.algorithm, cfg.model)
+    if teacher is None:
+        return None
+    try:
+        return model_dims(teacher)
+    except ConfigError as err:
+        problems = [
+            Problem(f"the teacher: {p.message}", p.file, "algorithm.teacher_path") for p in err.problems
+        ]
+        raise type(err)(problems) from err
+
+
+def model_dims(model: ModelConfig) -> fm.Dims:
+    m = with_hf_architecture(model, need=PLANNED_FIELDS)
     return fm.Dims(
         vocab=m.vocab_size,
         hidden=m.hidden_size,
@@ -189,6 +212,10 @@ def predict(cfg: ExperimentConfig, *, host_bytes: float | None = None) -> Memory
     if cfg.algorithm.kl_coef > 0:
         ref = Component("reference params", PERSISTENT, actor.total * e, f"{actor.total:,} params × {e} B")
         add(replace(ref, pool=models_pool))
+    teacher = teacher_dims(cfg)
+    if teacher is not None:  # frozen, in the student's dtype, at the training layout
+        params = fm.rank_params(teacher, par.tensor, par.pipeline).total
+        add(Component("teacher params", PERSISTENT, params * e, f"{params:,} params × {e} B", models_pool))
     train = _train_phase(cfg, dims, e)
     for c in train:
         add(replace(c, pool=actor_pool))

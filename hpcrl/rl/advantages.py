@@ -32,6 +32,12 @@ class AdvantageInputs:
     """Critic values V(s_t) (PPO / GAE)."""
     baseline_scores_B: torch.Tensor | None = None
     """Reward of the greedy response of the same prompt (ReMax)."""
+    logprobs_BT: torch.Tensor | None = None
+    """The student's (actor's) log-probs of its sampled tokens (distill)."""
+    teacher_logprobs_BT: torch.Tensor | None = None
+    """The frozen teacher's log-probs of the same tokens (distill)."""
+    task_coef: float = AlgorithmConfig.distill_task_coef
+    distill_whiten: bool = AlgorithmConfig.distill_whiten
     gamma: float = AlgorithmConfig.gamma
     lam: float = AlgorithmConfig.lam
     norm_adv_by_std: bool = AlgorithmConfig.norm_adv_by_std
@@ -181,6 +187,25 @@ def reinforce_pp_baseline(
     return masked_whiten((scores_B - mean_B)[:, None] * mask_BT, mask_BT)
 
 
+def reverse_kl_advantages(
+    logprobs_BT: torch.Tensor,
+    teacher_logprobs_BT: torch.Tensor,
+    scores_B: torch.Tensor,
+    mask_BT: torch.Tensor,
+    task_coef: float,
+) -> torch.Tensor:
+    """On-policy distillation (Agarwal et al. 2024, "On-Policy Distillation of Language Models", GKD
+    with λ = 1 and the reverse KL; Lu & Thinking Machines 2025, "On-Policy Distillation"; Qwen3 report
+    §4.4): the student samples y ~ π_θ and every sampled token is rewarded by the teacher,
+      A_t = -(log π_θ(y_t | y_<t) - log π_T(y_t | y_<t)) + c · r(x, y),
+    the negative per-token reverse KL (its single-sample k1 estimate) with discount 0 — each token's own
+    term, as Thinking Machines' recipe — plus the task score r weighted by c (`distill_task_coef`) on every
+    token. Minimising -A_t · log π_θ(y_t) over on-policy samples descends the reverse KL
+    KL(π_θ ‖ π_T) token by token. No whitening: the advantage's scale is the KL itself (zero once the
+    student matches the teacher)."""
+    return (teacher_logprobs_BT - logprobs_BT + task_coef * scores_B[:, None]) * mask_BT
+
+
 # --- registry: AlgorithmConfig.name -> estimator over AdvantageInputs ---------------------------------
 
 
@@ -218,6 +243,17 @@ def _reinforce_pp_baseline(inp: AdvantageInputs) -> AdvantageOutput:
     return AdvantageOutput(advantages_BT=adv_BT, returns_BT=adv_BT)
 
 
+def _distill(inp: AdvantageInputs) -> AdvantageOutput:
+    if inp.logprobs_BT is None or inp.teacher_logprobs_BT is None:
+        raise ValueError("distill needs the student's and the teacher's log-probs")
+    adv_BT = reverse_kl_advantages(
+        inp.logprobs_BT, inp.teacher_logprobs_BT, inp.scores_B, inp.mask_BT, inp.task_coef
+    )
+    if inp.distill_whiten:
+        adv_BT = masked_whiten(adv_BT, inp.mask_BT)
+    return AdvantageOutput(advantages_BT=adv_BT, returns_BT=adv_BT)
+
+
 ESTIMATORS: dict[str, Callable[[AdvantageInputs], AdvantageOutput]] = {
     "ppo": _ppo,
     "grpo": _grpo,
@@ -225,6 +261,7 @@ ESTIMATORS: dict[str, Callable[[AdvantageInputs], AdvantageOutput]] = {
     "remax": _remax,
     "reinforce_pp": _reinforce_pp,
     "reinforce_pp_baseline": _reinforce_pp_baseline,
+    "distill": _distill,
 }
 """The estimators of hpcrl.algorithm.registry.ALGORITHMS by name (offline DPO is its own stage,
 hpcrl.rl.dpo, with no estimator)."""

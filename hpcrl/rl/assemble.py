@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
-from hpcrl.algorithm.registry import ALGORITHMS
 from hpcrl.data.cursor import DataCursor, PromptSampler
 from hpcrl.data.sources import load_splits
 from hpcrl.data.tokenizer import encode_prompts, model_tokenizer
@@ -38,13 +37,14 @@ from hpcrl.rl.collector import Collector, CollectorSettings, PromptCodec
 from hpcrl.rl.driver import RLDriver
 from hpcrl.rl.handoff import SideInputs, build_rollout_side
 from hpcrl.rl.learner import Learner, Models
+from hpcrl.rl.roles import ModelRoles, build_model_roles
 from hpcrl.rl.weight_sync import NoWeightSync, WeightSync
 from hpcrl.rl.workers import ActorWorker, Pool, RolloutWorker, Shards, TrainerWorker
 from hpcrl.rollout.base import SamplingParams
 from hpcrl.rollout.engine_rule import ENGINES, EngineFacts, resolve_engine
 from hpcrl.stages.stateful import DataCursorState, Stateful
 from hpcrl.train.model import build_generation_groups, build_train_groups, named_global_params
-from hpcrl.train.trainer import build_policy_trainer, build_value_trainer
+from hpcrl.train.trainer import build_policy_trainer
 
 if TYPE_CHECKING:
     from hpcrl.train.trainer import Trainer
@@ -183,7 +183,7 @@ def _pooled_job(i: JobInputs) -> Job:
     actor, rollout, weight_sync = _build_actor_and_rollout(
         i.cfg, i.tokenizer, pools.actor, actor_groups, i.rank, i.world
     )
-    models = Models(actor, *_build_model_pool(i.cfg, pools.models, model_groups))
+    models = Models(actor, **vars(_build_model_pool(i.cfg, pools.models, model_groups)))
     collector = i.collector(rollout)
     driver = RLDriver(collector, i.learner(models), weight_sync, i.cfg.algorithm.eval_every)
     return Job(driver, i.logger(), trainers=models.trainers(), states=[DataCursorState(collector)])
@@ -285,22 +285,12 @@ def _bucket_bytes(p) -> int:
     return max(1, int(p.reshard_bucket_mb * 2**20))
 
 
-def _build_model_pool(cfg: ExperimentConfig, pool: Pool, groups):
-    """(reference, critic) worker groups, each None when the algorithm has no such role."""
+def _build_model_pool(cfg: ExperimentConfig, pool: Pool, groups) -> ModelRoles:
+    """The reference, critic and teacher worker groups on the models pool (hpcrl.rl.roles)."""
 
-    mbs = cfg.optim.micro_batch_size
-    member = groups is not None
-    reference = critic = None
-    if cfg.algorithm.kl_coef > 0:
-        trainer = (
-            build_policy_trainer(cfg.model, None, groups, temperature=_temperature(cfg)) if member else None
+    def worker(trainer):
+        return TrainerWorker(
+            trainer, cfg.optim.micro_batch_size, pool, balance_tokens=cfg.optim.balance_dp_tokens
         )
-        reference = TrainerWorker(trainer, mbs, pool, balance_tokens=cfg.optim.balance_dp_tokens)
-    if ALGORITHMS[cfg.algorithm.name].needs_critic:
-        critic = TrainerWorker(
-            build_value_trainer(cfg.model, cfg.optim, groups) if member else None,
-            mbs,
-            pool,
-            balance_tokens=cfg.optim.balance_dp_tokens,
-        )
-    return reference, critic
+
+    return build_model_roles(cfg, groups, worker, _temperature(cfg))

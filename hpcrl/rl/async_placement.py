@@ -21,7 +21,6 @@ from typing import Protocol
 
 import torch
 
-from hpcrl.algorithm.registry import ALGORITHMS
 from hpcrl.data.cursor import PromptSampler
 from hpcrl.distributed.groups import new_group
 from hpcrl.distributed.layout import ParallelLayout
@@ -36,13 +35,14 @@ from hpcrl.rl.async_weights import DoubleBufferedWeights, WeightSender
 from hpcrl.rl.collector import Collector
 from hpcrl.rl.handoff import shard_loader
 from hpcrl.rl.learner import Learner, Models
+from hpcrl.rl.roles import build_model_roles
 from hpcrl.rl.workers import ActorWorker, Pool, RolloutWorker, Shards, TrainerWorker
 from hpcrl.rollout.engine_rule import ENGINES
 from hpcrl.rollout.factory import build_rollout_engine
 from hpcrl.rollout.megatron_engine import MegatronRolloutEngine
 from hpcrl.train.config import ModelConfig
 from hpcrl.train.model import build_train_groups, named_global_params
-from hpcrl.train.trainer import build_policy_trainer, build_value_trainer
+from hpcrl.train.trainer import build_policy_trainer
 
 
 @dataclass(frozen=True)
@@ -141,25 +141,21 @@ class AsyncGroups:
 
 
 def build_training_side(cfg: ExperimentConfig, groups: AsyncGroups) -> tuple[Models, WeightSender]:
-    """(Models, WeightSender) of a training rank: actor (+ reference, critic) on the training pool's
+    """(Models, WeightSender) of a training rank: actor (+ reference, critic, teacher) on the training pool's
     groups, and the sender of the actor's weights to the rollout pool."""
 
     mbs, g, balance = cfg.optim.micro_batch_size, groups.train, cfg.optim.balance_dp_tokens
     temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
     trainer = build_policy_trainer(cfg.model, cfg.optim, g, temperature=temperature)
-    reference = critic = None
-    if cfg.algorithm.kl_coef > 0:
-        reference = TrainerWorker(
-            build_policy_trainer(cfg.model, None, g, temperature=temperature), mbs, balance_tokens=balance
-        )
-    if ALGORITHMS[cfg.algorithm.name].needs_critic:
-        critic = TrainerWorker(build_value_trainer(cfg.model, cfg.optim, g), mbs, balance_tokens=balance)
+    roles = build_model_roles(
+        cfg, g, lambda model: TrainerWorker(model, mbs, balance_tokens=balance), temperature
+    )
 
     def params():
         return dict(named_global_params(trainer.model, trainer.model_cfg, g))
 
     actor = ActorWorker(trainer, mbs, balance_tokens=balance)
-    return Models(actor, reference, critic), WeightSender(groups.transfer, params)
+    return Models(actor, **vars(roles)), WeightSender(groups.transfer, params)
 
 
 def build_rollout_side(

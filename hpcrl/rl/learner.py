@@ -1,7 +1,8 @@
 """The learning half of an RL step: a collected `RolloutBatch` in, updated actor (and critic) out.
 
 For B sequences of the batch: old log-probs (actor) and the TIS weights min(pi_old / pi_rollout, C) (Yao
-et al. 2025, eq. 3), ref log-probs (reference, when kl_coef > 0), values (critic, PPO); token rewards =
+et al. 2025, eq. 3), ref log-probs (reference, when kl_coef > 0), values (critic, PPO), the teacher's
+log-probs (distill); token rewards =
 outcome on the last token (- kl_coef * KL when kl_in_reward); advantages (hpcrl.rl.advantages registry);
 ppo_epochs actor updates (+ critic updates). The colocated step (hpcrl.rl.driver) and the async
 placement's training pool (hpcrl.rl.async_driver) both train through it.
@@ -42,6 +43,8 @@ class Models:
     actor: ActorWorker
     reference: TrainerWorker | None = None
     critic: TrainerWorker | None = None
+    teacher: TrainerWorker | None = None
+    """The frozen teacher of on-policy distillation (algorithm.name: distill)."""
 
     def trainers(self) -> dict[str, Trainer]:
         """The trainers checkpointed on this rank, by prefix (a rank outside a role's pool holds a stand-in
@@ -78,13 +81,14 @@ class Learner:
     def _prepare(self, exp: Experience, metrics: dict) -> None:
         """Old/ref log-probs, values, token rewards and advantages (all global, response space).
 
-        The three forwards start before any result is taken, so split pools run them concurrently."""
+        The forwards start before any result is taken, so split pools run them concurrently."""
         mask = exp.response_mask_BT
         batch = exp.train_batch()
         m = self.models
         pending_old = m.actor.start_forward(batch)
         pending_ref = m.reference.start_forward(batch) if m.reference is not None else None
         pending_values = m.critic.start_forward(batch) if m.critic is not None else None
+        pending_teacher = m.teacher.start_forward(batch) if m.teacher is not None else None
         old_logp, _ = response_logprobs(exp, pending_old.result())
         delta = (old_logp - exp.gen.logprobs_BT).abs()[mask.bool()]
         metrics["mismatch/logprob_max"] = float(delta.max()) if delta.numel() else 0.0
@@ -104,6 +108,11 @@ class Learner:
             if self.algo.kl_in_reward:  # every estimator sees score - beta * sum_t KL_t
                 scores, token_rewards = kl_shaped_rewards(scores, mask, kl_BT, self.algo.kl_coef)
                 metrics["reward/kl_shaped_mean"] = float(scores.mean())
+        teacher_logp = None
+        if pending_teacher is not None:
+            teacher_logp, _ = response_logprobs(exp, pending_teacher.result())
+            # the k1 estimate of KL(student || teacher) per sampled token (what distill descends)
+            metrics["distill/reverse_kl"] = float(masked_mean(old_logp - teacher_logp, mask))
         values = None
         if pending_values is not None:
             values = exp.to_response(pending_values.result().values_BT) * mask
@@ -117,6 +126,10 @@ class Learner:
                 group_ids_B=exp.group_ids_B,
                 values_BT=values,
                 baseline_scores_B=exp.tensors.get("baseline_B"),
+                logprobs_BT=old_logp,
+                teacher_logprobs_BT=teacher_logp,
+                task_coef=self.algo.distill_task_coef,
+                distill_whiten=self.algo.distill_whiten,
                 gamma=self.algo.gamma,
                 lam=self.algo.lam,
                 norm_adv_by_std=self.algo.norm_adv_by_std,

@@ -33,6 +33,10 @@ SMOLLM2_CONFIG = {  # HuggingFaceTB/SmolLM2-135M-Instruct's config.json (the arc
 }
 
 
+TINY_TEACHER_CONFIG = {"model_type": "llama", "vocab_size": 16, "hidden_size": 64, "intermediate_size": 128,
+                       "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}  # fmt: skip
+
+
 def _data(path: Path) -> dict:
     return yaml.safe_load(path.read_text()) or {}
 
@@ -57,7 +61,11 @@ def not_planned(path: Path) -> str | None:
 
 def caller_overrides(path: Path, tmp_path: Path) -> list[str]:
     """What a template's caller fills in: benchmarks/smollm2_model.py gives smollm2_grpo.yaml its
-    converted HF directory (here one holding SmolLM2-135M-Instruct's config.json) and its prompts."""
+    converted HF directory (here one holding SmolLM2-135M-Instruct's config.json) and its prompts;
+    distill_tiny.yaml's user its teacher."""
+    if path.name == "distill_tiny.yaml":  # its user names the teacher: here one of the tiny model's dims
+        (tmp_path / "config.json").write_text(json.dumps(TINY_TEACHER_CONFIG))
+        return ["--algorithm.teacher_path", str(tmp_path)]
     if path.name != "smollm2_grpo.yaml":
         return []
     (tmp_path / "config.json").write_text(json.dumps(SMOLLM2_CONFIG))

@@ -16,9 +16,10 @@ from hpcrl.rollout.engine_rule import EngineFacts, resolve_engine
 from hpcrl.train.config import ModelConfig
 
 REPO = Path(__file__).resolve().parents[2]
-PARTIAL = {"smollm2_grpo", "grpo_tiny_vllm"}
+PARTIAL = {"smollm2_grpo", "grpo_tiny_vllm", "distill_tiny"}
 """Templates whose caller fills required fields (benchmarks/smollm2.py sets model.hf_path and data.path;
-benchmarks/vllm_rl.py sets grpo_tiny_vllm's model.hf_path and runs it in the vLLM venv, the vLLM tier)."""
+benchmarks/vllm_rl.py sets grpo_tiny_vllm's model.hf_path and runs it in the vLLM venv, the vLLM tier;
+distill_tiny's user names its teacher, algorithm.teacher_path)."""
 TEMPLATES = sorted(  # experiment templates: not benchmark suites (`programs:`), not partial `*-base.yaml`
     p
     for p in (REPO / "templates").rglob("*.yaml")

@@ -1,0 +1,152 @@
+"""On-policy distillation (algorithm.name: distill): the advantage's formula, the teacher's rules at
+expand, and learning: a random-init student distilled from sft_tiny's export on the copy task reaches
+>= 0.9 of the teacher's held-out score without a reward, through `hpcrl run`, on 3 seeds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from hpcrl.metrics.sinks import read_jsonl
+from hpcrl.rl.advantages import AdvantageInputs, compute_advantages, masked_whiten, reverse_kl_advantages
+from tests.cli_runs import run_cli
+
+REPO = Path(__file__).resolve().parents[2]
+DISTILL = REPO / "templates" / "distill_tiny.yaml"
+QUIET = ["--logging.tensorboard=false", "--logging.progress=false", "--logging.plot=false"]
+
+
+def test_reverse_kl_advantage_is_the_teacher_minus_the_student_log_prob_per_token():
+    """A_t = log pi_T - log pi_S + c * r on every response token, 0 on padding; zero when they agree."""
+    student_BT = torch.tensor([[-0.5, -2.0, -1.0], [-0.1, -0.2, -9.0]])
+    teacher_BT = torch.tensor([[-0.1, -3.0, -1.0], [-0.1, -0.7, -1.0]])
+    mask_BT = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    scores_B = torch.tensor([1.0, 0.0])
+    got = reverse_kl_advantages(student_BT, teacher_BT, scores_B, mask_BT, task_coef=0.5)
+    expected = torch.tensor([[0.4 + 0.5, -1.0 + 0.5, 0.0 + 0.5], [0.0, -0.5, 0.0]])
+    torch.testing.assert_close(got, expected)
+    same = reverse_kl_advantages(student_BT, student_BT, scores_B, mask_BT, task_coef=0.0)
+    assert torch.equal(same, torch.zeros_like(same))
+    inputs = dict(scores_B=scores_B, token_rewards_BT=torch.zeros_like(mask_BT), mask_BT=mask_BT,
+                  group_ids_B=torch.tensor([0, 1]), logprobs_BT=student_BT, teacher_logprobs_BT=teacher_BT,
+                  task_coef=0.5)  # fmt: skip
+    raw = compute_advantages("distill", AdvantageInputs(**inputs, distill_whiten=False)).advantages_BT
+    torch.testing.assert_close(raw, expected)
+    whitened = compute_advantages("distill", AdvantageInputs(**inputs)).advantages_BT
+    torch.testing.assert_close(whitened, masked_whiten(expected, mask_BT))
+    assert whitened[1, 2] == 0 and abs(float(whitened[mask_BT.bool()].mean())) < 1e-6
+
+
+def _teacher_dir(tmp_path: Path, **config) -> Path:
+    """An HF directory holding only a config.json (what expand reads of a teacher)."""
+    directory = tmp_path / "teacher"
+    directory.mkdir(parents=True, exist_ok=True)
+    base = {"model_type": "llama", "vocab_size": 16, "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}  # fmt: skip
+    (directory / "config.json").write_text(json.dumps(base | config))
+    return directory
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        ([], "algorithm.teacher_path: distill needs a teacher"),
+        (["--algorithm.name=grpo", "--algorithm.teacher_path={teacher}"], "only algorithm.name: distill reads"),
+        (["--algorithm.name=grpo", "--algorithm.distill_task_coef=1"], "only algorithm.name: distill reads it"),
+        (["--algorithm.teacher_path={teacher}", "--algorithm.distill_task_coef=-1"], "must be a finite number"),
+        (["--algorithm.teacher_path={teacher}", "--algorithm.distill_task_coef=.inf"], "must be a finite number"),
+        (["--algorithm.teacher_path={other_vocab}"], "the teacher's vocab_size 32 is not the student's 16"),
+        (["--algorithm.teacher_path={odd_heads}", "--parallel.tensor=2", "--cluster.tasks_per_node=2"],
+         "the teacher's model.num_attention_heads: rule heads % t == 0"),
+        (["--algorithm.teacher_path={broken}"], "config.json: not valid JSON"),
+    ],
+)  # fmt: skip
+def test_expand_checks_the_teacher_naming_the_key(tmp_path, capsys, args, says):
+    """Each is exit 2 at expand naming `algorithm.*` (the teacher's config.json read where it is here),
+    and nothing is written under the run root."""
+    dirs = {
+        "teacher": _teacher_dir(tmp_path / "a"),
+        "other_vocab": _teacher_dir(tmp_path / "b", vocab_size=32),
+        "odd_heads": _teacher_dir(
+            tmp_path / "c", num_attention_heads=3, num_key_value_heads=1, hidden_size=63
+        ),
+        "broken": tmp_path / "d",
+    }
+    dirs["broken"].mkdir()
+    (dirs["broken"] / "config.json").write_bytes(b'{"vocab_size": 16,\x00')
+    argv = [a.format(**dirs) for a in args]
+    code, _, err = run_cli(capsys, "expand", DISTILL, f"--run_root={tmp_path}/runs", *argv)
+    assert code == 2 and says in err, err
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("hostile", ["a\nb", "e\x1b[31m", "t\x00x", "x" * 2000, f"{'y' * 300}/hf", ""])
+def test_a_hostile_teacher_path_is_exit_2_naming_the_key(tmp_path, capsys, hostile):
+    code, _, err = run_cli(
+        capsys, "expand", DISTILL, f"--run_root={tmp_path}/runs", "--algorithm.teacher_path", hostile
+    )
+    assert code == 2 and "algorithm.teacher_path" in err, err
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.fixture(scope="module")
+def teacher(tmp_path_factory) -> Path:
+    """`hpcrl run templates/sft_tiny.yaml --data.task copy_digits` (150 steps, ~6 s): its `hf/` export
+    is the teacher."""
+    root = tmp_path_factory.mktemp("teacher")
+    from hpcrl import cli
+
+    argv = ["run", str(REPO / "templates" / "sft_tiny.yaml"), "--data.task=copy_digits", f"--run_root={root}"]
+    assert cli.main([*argv, *QUIET]) == 0
+    [hf] = list(root.glob("sft_tiny/*/hf"))
+    return hf
+
+
+def _heldout(root: Path) -> list[tuple[int, float]]:
+    [metrics] = list(root.glob("*/*/metrics.jsonl"))
+    return [(r["step"], r["reward/heldout"]) for r in read_jsonl(metrics) if "reward/heldout" in r]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_student_reaches_09_of_the_teachers_heldout_score(teacher, tmp_path, capsys, seed):
+    """distill_tiny as its header says to run it: the teacher's own held-out score (the same greedy eval,
+    the teacher as the policy: model.hf_path) against the student's, from random init (its own per seed),
+    200 steps."""
+    own = tmp_path / "own"
+    argv = ["run", DISTILL, f"--run_root={own}", f"--model.hf_path={teacher}", "--algorithm.steps=1"]
+    code, _, err = run_cli(capsys, *argv, f"--algorithm.teacher_path={teacher}", *QUIET)
+    assert code == 0, err
+    teacher_score = _heldout(own)[0][1]
+    assert teacher_score >= 0.95, teacher_score
+    student = tmp_path / "student"
+    argv = ["run", DISTILL, f"--run_root={student}", f"--algorithm.teacher_path={teacher}", *QUIET]
+    argv += [f"--seed={seed}", f"--model.init_seed={7 + seed}"]
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 0, err
+    held = _heldout(student)
+    assert held[0][1] < 0.2 and held[-1][1] >= 0.9 * teacher_score, (teacher_score, held)
+    [metrics] = list(student.glob("*/*/metrics.jsonl"))
+    kl = [r["distill/reverse_kl"] for r in read_jsonl(metrics) if "distill/reverse_kl" in r]
+    assert sum(kl[-20:]) / 20 < sum(kl[:20]) / 20 / 3, (kl[:3], kl[-3:])  # the KL to the teacher falls
+    assert (student / "distill_tiny").exists()
+
+
+def test_plan_counts_the_teacher_on_the_models_pool(tmp_path, capsys):
+    """`hpcrl plan`: the teacher's params in the student's dtype, sized from its own config.json (here
+    twice the student's width), on the split placement's models pool; a teacher whose config.json is not
+    here is exit 2 naming algorithm.teacher_path (there are no template fields to plan it from)."""
+    wide = _teacher_dir(tmp_path, hidden_size=128, intermediate_size=256)
+    split = ["--placement.kind=split", "--cluster.tasks_per_node=2"]
+    code, out, err = run_cli(capsys, "plan", DISTILL, f"--algorithm.teacher_path={wide}", "--json", *split)
+    assert code == 0, err
+    components = {c["name"]: c for c in json.loads(out)["components"]}
+    # the tiny llama at width 128: embedding + output 2·16·128, 2 layers of q,k,v,o (128·(128+64+64+128))
+    # + SwiGLU 3·128·256 + 2 norms, final norm
+    layer = 128 * (128 + 32 * 2 * 2 + 128) + 3 * 128 * 256 + 2 * 128
+    assert components["teacher params"]["bytes"] == 4 * (2 * 16 * 128 + 2 * layer + 128)
+    code, _, err = run_cli(capsys, "plan", DISTILL, f"--algorithm.teacher_path={tmp_path}/absent")
+    assert code == 2 and "algorithm.teacher_path" in err and "the teacher" in err, err
