@@ -13,8 +13,7 @@ import json
 
 from hpcrl.cli.common import add_template_arguments, overrides_from
 from hpcrl.experiment.resolve import resolve
-from hpcrl.experiment.stage_kinds import require_planned
-from hpcrl.plan.memory import predict
+from hpcrl.plan.stages import plan_of
 
 HELP = "Predict per-rank accelerator memory and host RAM of a template's configs (memory preflight)."
 
@@ -66,11 +65,10 @@ def main(args) -> int:
     from rich.console import Console
 
     sweep = resolve(args.template, overrides_from(args))
-    require_planned(sweep.elements[0].config, "hpcrl plan", str(args.template))
     console = Console(width=200)
     problems: list[str] = []
     for element in sweep.elements:
-        plan = predict(element.config)
+        plan = plan_of(element.config)
         problems += [f"element {element.index} ({element.config_id}): {p}" for p in plan.problems()]
         if args.json:
             print(json.dumps(_as_json(element, plan)))

@@ -33,7 +33,7 @@ from hpcrl.distributed.layout import ParallelLayout
 from hpcrl.distributed.placement import placement_of
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.resolve import resolve
-from hpcrl.experiment.stage_kinds import require_planned
+from hpcrl.experiment.stage_kinds import require_rehearsed
 from hpcrl.launcher import local, sweeps
 from hpcrl.plan.memory import predict
 from hpcrl.rehearse.derive import MAX_RANKS, STEPS, Rehearsal, derive
@@ -62,7 +62,7 @@ def add_arguments(parser) -> None:
 
 def main(args) -> int:
     sweep = resolve(args.template, overrides_from(args))
-    require_planned(sweep.elements[0].config, "hpcrl rehearse", str(args.template))
+    require_rehearsed(sweep.elements[0].config, str(args.template))
     indices = range(len(sweep.elements)) if args.index is None else [_checked_index(args.index, sweep)]
     first = sweep.elements[indices[0]].config
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")

@@ -22,7 +22,8 @@ from hpcrl.cli.common import add_template_arguments, overrides_from, print_confi
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.resolve import resolve
 from hpcrl.launcher import preflight, sweeps
-from hpcrl.plan.memory import ModelDimsUnavailable, predict
+from hpcrl.plan.memory import ModelDimsUnavailable
+from hpcrl.plan.stages import plan_of
 from hpcrl.progress import DelayedProgress, Track, untracked
 
 HELP = "Submit a template's sweep as array job(s) (non-blocking); --dry-run renders the sbatch script only."
@@ -59,7 +60,7 @@ def memory_preflight(sweep, track: Track = untracked) -> list[Problem]:
     problems: list[Problem] = []
     for element in track(sweep.elements, len(sweep.elements), "memory plan"):
         try:
-            plan = predict(element.config)
+            plan = plan_of(element.config)
         except ModelDimsUnavailable as err:
             print(f"hpcrl: memory preflight skipped for element {element.index}: {err}", file=sys.stderr)
             continue

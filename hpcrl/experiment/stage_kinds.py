@@ -2,8 +2,7 @@
 
 `ExperimentConfig.stage` is the tag of a tagged union over the config's sections: every stage reads the
 SHARED sections, and each kind owns its own (rl: placement, rollout, algorithm, reward; dpo: dpo; sft:
-sft). The
-union is kept where it shows:
+sft; rm: rm). The union is kept where it shows:
 - a template, override or sweep that sets a section its stage does not read is refused at `expand`,
   naming the file and key (a DPO template with `algorithm.clip_ratio` would otherwise run, silently
   ignoring it);
@@ -12,9 +11,9 @@ union is kept where it shows:
 - `hpcrl --help-config STAGE` lists only what that stage reads (hpcrl.experiment.reference).
 
 One entry per kind holds its entrypoint (what the element runner calls unless `entrypoint` names
-another), its rules (hpcrl.experiment.rules), the key counting its steps and its headline metric. An
-SFT, reward-model or KTO stage is one more entry, one more section and one more name in
-hpcrl.experiment.config.StageName.
+another), its rules (hpcrl.experiment.rules), the key counting its steps, its headline metric and the
+checkpoint prefix of the model it trains. A new stage is one more entry, one more section, one more
+name in hpcrl.experiment.config.StageName (and, for `hpcrl plan`, a shape in hpcrl.plan.offline).
 """
 
 from __future__ import annotations
@@ -51,9 +50,10 @@ class StageKind:
     model_prefix: str = "actor."
     """The checkpoint prefix of the model the stage trains: what its HF export (`<run_dir>/hf`) and
     `hpcrl ckpt export` read by default."""
-    planned: bool = False
-    """`hpcrl plan` and `hpcrl rehearse` size and rehearse it (they model the RL stage's pools, rollout
-    and reshard; another stage gets a clear refusal, not a plan of what it does not run)."""
+    rehearsed: bool = False
+    """`hpcrl rehearse` rehearses it (it shrinks an RL recipe's pools, rollout and reshard; another stage
+    gets a clear refusal, not a rehearsal of what it does not run). `hpcrl plan` plans every stage
+    (hpcrl.plan.stages)."""
 
 
 STAGE_KINDS: dict[str, StageKind] = {
@@ -66,7 +66,7 @@ STAGE_KINDS: dict[str, StageKind] = {
             rules=rl_rules,
             steps_key="algorithm.steps",
             headline=Headline(),
-            planned=True,
+            rehearsed=True,
         ),
         StageKind(
             name="dpo",
@@ -139,12 +139,14 @@ def config_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
     return check_rules(cfg, stage_of(cfg).rules)
 
 
-def require_planned(cfg: ExperimentConfig, command: str, template: str) -> None:
-    """ConfigError (exit 2) naming the template's `stage` when `command` cannot plan its stage."""
+def require_rehearsed(cfg: ExperimentConfig, template: str) -> None:
+    """ConfigError (exit 2) naming the template's `stage` when `hpcrl rehearse` cannot rehearse it."""
     kind = stage_of(cfg)
-    if not kind.planned:
-        planned = [k.name for k in STAGE_KINDS.values() if k.planned]
-        message = f"{command} models the {', '.join(planned)} stage; this template's stage is {kind.name}"
+    if not kind.rehearsed:
+        rehearsed = [k.name for k in STAGE_KINDS.values() if k.rehearsed]
+        message = (
+            f"hpcrl rehearse models the {', '.join(rehearsed)} stage; this template's stage is {kind.name}"
+        )
         raise ConfigError(Problem(message, template, "stage"))
 
 

@@ -15,8 +15,11 @@ What is measured (per rank, in a fresh spawned process, real megatron-core GPTMo
   state bytes above. Undercounts when the allocator keeps the warm-up's freed pages (small tensors);
   close for large ones (returned to the OS on free). Also a cross-check only.
 With CUDA the same steps are measured by `torch.cuda.max_memory_allocated` (reset after the warm-up).
-The batch is synthetic: B = prompts_per_step·samples_per_prompt / d sequences of s = max_prompt_length +
-max_new_tokens tokens, the last max_new_tokens being the response; a GRPO-style token-mean loss.
+The batch is synthetic, of the shape the planner sizes (`update_shape`): RL's B = prompts_per_step ·
+samples_per_prompt / d sequences of s = max_prompt_length + max_new_tokens tokens, the last
+max_new_tokens being the response, with a GRPO-style token-mean loss; an offline stage's step of rows as
+long as the model's context, with the policy's loss (SFT, DPO) or the reward model's trainer and a loss
+on its last score (RM).
 
 Public: `measure_update_peak(cfg, steps)` (spawns ranks), `update_peak_rank` (the rank function).
 """
@@ -24,10 +27,12 @@ Public: `measure_update_peak(cfg, steps)` (spawns ranks), `update_peak_rank` (th
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpcrl.plan.memory import dims_of
+from hpcrl.plan.offline import OFFLINE_STAGES, context_tokens, rows_per_step
 
 if TYPE_CHECKING:
     from hpcrl.experiment.config import ExperimentConfig
@@ -43,24 +48,52 @@ def _reset_peak_rss() -> None:
     Path("/proc/self/clear_refs").write_text("5")
 
 
+@dataclass(frozen=True)
+class UpdateShape:
+    """The batch of the measured update: `sequences` rows of `tokens`, the last `response` of each trained;
+    `scalar`: the reward model's trainer (scalar head, a loss on each row's last score) instead of the
+    policy's (log-probs, a GRPO-like token-mean loss)."""
+
+    sequences: int
+    tokens: int
+    response: int
+    scalar: bool = False
+
+
+def update_shape(cfg: ExperimentConfig) -> UpdateShape:
+    """What the planner sizes: RL's rollout batch of prompt + response rows; an offline stage's step of
+    rows as long as the model's context (hpcrl.plan.offline), the response half of each trained."""
+    if cfg.stage in OFFLINE_STAGES:
+        s = context_tokens(cfg)
+        return UpdateShape(rows_per_step(cfg), s, s // 2, scalar=OFFLINE_STAGES[cfg.stage].scalar_head)
+    sequences = cfg.algorithm.prompts_per_step * cfg.rollout.samples_per_prompt
+    s = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+    return UpdateShape(sequences, s, cfg.rollout.max_new_tokens)
+
+
 def _grpo_like_loss(outputs, mb):
     pg = mb.token_mean(-outputs.logprobs_BT * mb.extras["advantages_BT"])
     return pg - 0.01 * mb.token_mean(outputs.entropy_BT), {}
 
 
-def _synthetic_batch(cfg: ExperimentConfig, sequences: int, seed: int):
+def _score_loss(outputs, mb):
+    """A loss on each row's last score, as the reward model's (hpcrl.rl.rm): the whole trunk is trained."""
+    return (outputs.values_BT[:, -1] * mb.extras["advantages_BT"][:, -1]).mean(), {}
+
+
+def _synthetic_batch(cfg: ExperimentConfig, shape: UpdateShape, seed: int):
     # torch is imported only where something is measured: `hpcrl plan` (hpcrl.plan.memory) never loads it
     import torch
 
     from hpcrl.train.batch import TrainBatch
 
-    s = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+    rows, s = shape.sequences, shape.tokens
     gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, dims_of(cfg).vocab, (sequences, s), generator=gen)  # config.json's with hf_path
-    attention = torch.ones(sequences, s, dtype=torch.bool)
-    response = torch.zeros(sequences, s, dtype=torch.bool)
-    response[:, -cfg.rollout.max_new_tokens :] = True
-    advantages = torch.randn(sequences, s, generator=gen)
+    ids = torch.randint(0, dims_of(cfg).vocab, (rows, s), generator=gen)  # config.json's with hf_path
+    attention = torch.ones(rows, s, dtype=torch.bool)
+    response = torch.zeros(rows, s, dtype=torch.bool)
+    response[:, -shape.response :] = True
+    advantages = torch.randn(rows, s, generator=gen)
     return TrainBatch(
         input_ids_BT=ids,
         attention_mask_BT=attention,
@@ -70,34 +103,37 @@ def _synthetic_batch(cfg: ExperimentConfig, sequences: int, seed: int):
 
 
 def update_peak_rank(rank: int, world_size: int, cfg: ExperimentConfig, steps: int) -> dict:  # noqa: ARG001
-    """Rank function: build the actor, run 1 warm-up + `steps` profiled update steps, return peaks."""
+    """Rank function: build the trained model (the actor, or an offline stage's), run 1 warm-up +
+    `steps` profiled update steps, return peaks."""
     # torch and megatron-core (the trainer): loaded only in a measuring rank
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     from hpcrl.train.model import build_train_groups
-    from hpcrl.train.trainer import build_policy_trainer
+    from hpcrl.train.trainer import build_policy_trainer, build_reward_trainer
 
-    par = cfg.parallel
+    par, shape = cfg.parallel, update_shape(cfg)
     groups = build_train_groups(par.tensor, par.pipeline, par.data)
-    sequences = cfg.algorithm.prompts_per_step * cfg.rollout.samples_per_prompt
-    batch = _synthetic_batch(cfg, sequences, seed=cfg.seed).dp_shard(groups.dp_rank, par.data)
+    batch = _synthetic_batch(cfg, shape, seed=cfg.seed).dp_shard(groups.dp_rank, par.data)
     if torch.cuda.is_available():
         torch.cuda.set_device(rank % torch.cuda.device_count())
     baseline_rss = _rss_bytes("VmRSS")
-    trainer = build_policy_trainer(cfg.model, cfg.optim, groups)
-    trainer.update(batch, _grpo_like_loss)  # warm-up: AdamW states are created here
+    build, loss = (
+        (build_reward_trainer, _score_loss) if shape.scalar else (build_policy_trainer, _grpo_like_loss)
+    )
+    trainer = build(cfg.model, cfg.optim, groups)
+    trainer.update(batch, loss)  # warm-up: AdamW states are created here
     if torch.cuda.is_available():
-        return _cuda_peak(trainer, batch, steps, baseline_rss)
+        return _cuda_peak(trainer, batch, loss, steps, baseline_rss)
     state_bytes = _live_state_bytes(trainer, batch)
     warm_rss = _rss_bytes("VmRSS")
     _reset_peak_rss()
     for _ in range(steps):  # RSS pass, without the profiler's bookkeeping
-        trainer.update(batch, _grpo_like_loss)
+        trainer.update(batch, loss)
     peak_rss = _rss_bytes("VmHWM")
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         for _ in range(steps):
-            trainer.update(batch, _grpo_like_loss)
+            trainer.update(batch, loss)
     tensor_peak = state_bytes + _peak_allocated_since_start(prof)
     params = sum(p.numel() for p in trainer.model.parameters())
     return {
@@ -140,7 +176,7 @@ def _peak_allocated_since_start(prof) -> int:
     return peak
 
 
-def _cuda_peak(trainer, batch, steps: int, baseline_rss: int) -> dict:
+def _cuda_peak(trainer, batch, loss, steps: int, baseline_rss: int) -> dict:
     """On a GPU: torch.cuda.max_memory_allocated over the steps (every live CUDA tensor, as above)."""
     import torch
 
@@ -148,7 +184,7 @@ def _cuda_peak(trainer, batch, steps: int, baseline_rss: int) -> dict:
     torch.cuda.reset_peak_memory_stats()
     _reset_peak_rss()
     for _ in range(steps):
-        trainer.update(batch, _grpo_like_loss)
+        trainer.update(batch, loss)
     torch.cuda.synchronize()
     return {
         "tensor_peak_bytes": float(torch.cuda.max_memory_allocated()),

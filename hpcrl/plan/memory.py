@@ -67,6 +67,8 @@ class MemoryPlan:
     device: Capacity
     host: Capacity
     components: list[Component] = field(default_factory=list)
+    trained: str = "actor"
+    """The model whose update the plan's `update_peak` sizes (the actor; an offline stage's own)."""
 
     def device_components(self) -> list[Component]:
         return [c for c in self.components if c.phase != "host"]
@@ -90,12 +92,12 @@ class MemoryPlan:
         return max(peaks)
 
     @property
-    def actor_update_peak(self) -> float:
-        """Actor params/grads/optimizer + the train phase: what measuring the actor's update steps alone
-        (hpcrl.plan.measure) sees, without critic, reference or rollout engine."""
-        actor = [c for c in self.components if c.name.startswith("actor ")]
-        pool = actor[0].pool
-        return sum(c.bytes for c in actor if c.phase == PERSISTENT) + self.phase_bytes(pool).get("train", 0.0)
+    def update_peak(self) -> float:
+        """The trained model's params/grads/optimizer + the train phase: what measuring its update steps
+        alone (hpcrl.plan.measure) sees, without critic, reference, teacher or rollout engine."""
+        own = [c for c in self.components if c.name.startswith(f"{self.trained} ")]
+        pool = own[0].pool
+        return sum(c.bytes for c in own if c.phase == PERSISTENT) + self.phase_bytes(pool).get("train", 0.0)
 
     @property
     def host_peak(self) -> float:
@@ -203,11 +205,11 @@ def predict(cfg: ExperimentConfig, *, host_bytes: float | None = None) -> Memory
     actor_pool = "actor" if split else "train" if placement.rollout_pool else "all"
     models_pool = "models" if split else actor_pool
     gen_pool = "rollout" if placement.rollout_pool else actor_pool
-    for c in _trainable("actor", actor.total, cfg):
+    for c in trainable_components("actor", actor.total, cfg):
         add(replace(c, pool=actor_pool))
     if ALGORITHMS[cfg.algorithm.name].needs_critic:
         critic = fm.rank_params(dims, par.tensor, par.pipeline, value_head=True)
-        for c in _trainable("critic", critic.total, cfg):
+        for c in trainable_components("critic", critic.total, cfg):
             add(replace(c, pool=models_pool))
     if cfg.algorithm.kl_coef > 0:
         ref = Component("reference params", PERSISTENT, actor.total * e, f"{actor.total:,} params × {e} B")
@@ -235,7 +237,8 @@ def uses_megatron_optimizer(cfg: ExperimentConfig) -> bool:
     return cfg.optim.backend == "megatron" or (cfg.optim.backend == "auto" and gpus_per_node(cfg) > 0)
 
 
-def _trainable(role: str, params: int, cfg: ExperimentConfig) -> list[Component]:
+def trainable_components(role: str, params: int, cfg: ExperimentConfig) -> list[Component]:
+    """A trained model's params, grads and optimizer state on one rank (the update backend's layout)."""
     if uses_megatron_optimizer(cfg):
         return _trainable_megatron(role, params, cfg.model.dtype, cfg.parallel.data)
     e = fm.DTYPE_BYTES[cfg.model.dtype]
@@ -277,8 +280,15 @@ def _trainable_megatron(role: str, params: int, dtype: str, data: int) -> list[C
 
 
 def _train_phase(cfg: ExperimentConfig, dims: fm.Dims, e: int) -> list[Component]:
+    return train_phase(cfg, dims, e, s=sequence_tokens(cfg), b=micro_batch(cfg))
+
+
+def train_phase(
+    cfg: ExperimentConfig, dims: fm.Dims, e: int, *, s: int, b: int, logits: bool = True
+) -> list[Component]:
+    """One micro-batch of b rows of s tokens forward and backward (+ the logits buffer of an LM head,
+    `logits`), and the DP gradient all-reduce's flat buffer."""
     par = cfg.parallel
-    s, b = sequence_tokens(cfg), micro_batch(cfg)
     layers = dims.layers // par.pipeline
     per_layer = fm.llama_layer_bytes(dims, s, b, e, par.tensor)
     # embedding output (first stage) and final-norm input + output (last stage): 3 s·b·h, replicated
@@ -289,14 +299,17 @@ def _train_phase(cfg: ExperimentConfig, dims: fm.Dims, e: int) -> list[Component
             "train",
             layers * per_layer + edges,
             f"L/p={layers} × llama_layer(s={s}, b={b}, t={par.tensor}) + 3sbh",
-        ),
-        Component(
-            "logits buffer",
-            "train",
-            fm.logits_bytes(dims, s, b, e, par.tensor),
-            f"s·b·V/t × ({e} + 20) B, V={dims.vocab}",
-        ),
+        )
     ]
+    if logits:
+        out.append(
+            Component(
+                "logits buffer",
+                "train",
+                fm.logits_bytes(dims, s, b, e, par.tensor),
+                f"s·b·V/t × ({e} + 20) B, V={dims.vocab}",
+            )
+        )
     if par.data > 1 and not uses_megatron_optimizer(cfg):
         # 16-bit models all-reduce their fp32 master grads (hpcrl.train.optimizer), fp32 models their grads
         grad_bytes = 4 if fm.optimizer_bytes_per_param(cfg.model.dtype)[1] else e
@@ -391,20 +404,21 @@ def _own_pool_generate_phase(
 
 
 def _host_parts(cfg: ExperimentConfig, params: int, e: int) -> list[Component]:
-    out = []
-    if cfg.checkpoint.async_save:
-        state, master = fm.optimizer_bytes_per_param(cfg.model.dtype)
-        per = e + state + master
-        out.append(
-            Component("async ckpt snapshot", "host", params * per, f"{params:,} × {per} B (params+optim)")
-        )
     prompts = cfg.data.train_size + cfg.data.heldout_size
-    out.append(
-        Component(
-            "prompt dataset",
-            "host",
-            prompts * cfg.data.max_prompt_length * 8,
-            f"{prompts:,} prompts × {cfg.data.max_prompt_length} int64 tokens",
-        )
+    dataset = Component(
+        "prompt dataset",
+        "host",
+        prompts * cfg.data.max_prompt_length * 8,
+        f"{prompts:,} prompts × {cfg.data.max_prompt_length} int64 tokens",
     )
-    return out
+    return [*snapshot_components(cfg, params, e), dataset]
+
+
+def snapshot_components(cfg: ExperimentConfig, params: int, e: int) -> list[Component]:
+    """The async checkpoint's host copy of a trained model's params and optimizer state (none when
+    checkpoints are written synchronously)."""
+    if not cfg.checkpoint.async_save:
+        return []
+    state, master = fm.optimizer_bytes_per_param(cfg.model.dtype)
+    per = e + state + master
+    return [Component("async ckpt snapshot", "host", params * per, f"{params:,} × {per} B (params+optim)")]

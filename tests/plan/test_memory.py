@@ -197,7 +197,7 @@ def test_split_placement_takes_the_worst_pool():
     assert split.device_peak == pytest.approx(max(actor_peak, models_peak))
     # the critic's states leave the actor's ranks: each rank holds less than when colocated
     assert split.device_peak < colocated.device_peak
-    assert split.actor_update_peak == pytest.approx(colocated.actor_update_peak)
+    assert split.update_peak == pytest.approx(colocated.update_peak)
 
 
 def test_a_token_budget_sizes_the_activations_of_its_worst_micro_batch():
@@ -231,7 +231,7 @@ def test_async_placement_plans_a_training_pool_and_a_rollout_pool():
         rollout.pop(PERSISTENT) + max(rollout.values()), train.pop(PERSISTENT) + max(train.values())
     )
     assert plan.device_peak == pytest.approx(expected)
-    assert plan.actor_update_peak == pytest.approx(colocated.actor_update_peak)
+    assert plan.update_peak == pytest.approx(colocated.update_peak)
     # two replicas of the rollout pool each decode half the batch
     two = predict(
         config(
@@ -275,4 +275,4 @@ def test_plan_invariants(tensor, pipeline, data, micro, algorithm, kl, kind):
     assert bigger.device_peak >= plan.device_peak  # more sequences per micro-batch never need less
     if tensor == 1:
         wider = replace(cfg, parallel=replace(cfg.parallel, tensor=2 * tensor))
-        assert predict(wider, host_bytes=24 * GIB).actor_update_peak <= plan.actor_update_peak
+        assert predict(wider, host_bytes=24 * GIB).update_peak <= plan.update_peak
