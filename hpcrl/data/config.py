@@ -13,7 +13,8 @@ class DataConfig:
     source: Literal["builtin", "jsonl", "parquet", "hf_disk"] = "builtin"
     """builtin = a generated task (see `task`); else read `path`."""
     task: str = "copy_digits"
-    """Built-in task name (copy_digits, reverse_digits, add_digits, even_digits, zero_digits)."""
+    """Built-in task name (copy_digits, reverse_digits, add_digits, even_digits, zero_digits, reverse_exact:
+    hpcrl.data.tasks)."""
     path: str | None = None
     """Dataset file or directory for non-builtin sources."""
     prompt_key: str = "prompt"

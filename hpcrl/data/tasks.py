@@ -5,7 +5,10 @@ Scores give partial credit per position, `matches / max(len(answer), len(respons
 short responses both lose, and only an exact answer scores 1.0. `even_digits` has no single answer: its
 score is the share of the `num_digits` response positions that hold an even digit. `zero_digits` is the
 variable-length one: a prompt of 0..`num_digits` digits asks for one 0 per digit, then <eos> (responses of
-1..num_digits+1 tokens: the longest sample of a batch sets its generation time).
+1..num_digits+1 tokens: the longest sample of a batch sets its generation time). `reverse_exact` is the
+reverse task with no partial credit: 1.0 for the whole reversed answer, else 0 - a random policy's
+samples of 4 digits all score 0 (16^-4 of them would not), so RL from scratch has no signal to start from
+and the model must first learn the task by SFT (tests/rl/test_sft_then_rl.py).
 """
 
 from __future__ import annotations
@@ -79,6 +82,11 @@ def _zeros(rng: random.Random, n: int) -> Example:
     return Example(f"{_digits(rng, length)}=", "0" * length)
 
 
+def exact_score(response: str, answer: str) -> float:
+    """1.0 for exactly the answer, else 0."""
+    return float(response == answer)
+
+
 def _even_score(response: str, answer: str) -> float:
     return sum(ch in "02468" for ch in response[: len(answer)]) / max(len(answer), len(response))
 
@@ -89,6 +97,7 @@ TASKS: dict[str, Task] = {
     "add_digits": Task("add_digits", "0123456789+=", _add, positional_score),
     "even_digits": Task("even_digits", "0123456789=", _even, _even_score),
     "zero_digits": Task("zero_digits", "0123456789=", _zeros, positional_score),
+    "reverse_exact": Task("reverse_exact", "0123456789=", _reverse, exact_score),
 }
 
 ALPHABET = "0123456789+="

@@ -21,6 +21,7 @@ from hpcrl.distributed.placement import placement_of
 from hpcrl.errors import ConfigError, Problem, short
 from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.rewards.function import function_problems
+from hpcrl.rewards.terms import reward_problems
 from hpcrl.rollout.engine_rule import EngineFacts, resolve_engine
 from hpcrl.train.config import ModelConfig
 from hpcrl.train.hf_config import ModelDimsUnavailable, with_hf_architecture
@@ -422,20 +423,14 @@ def _rl_token_budget_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
 
 
 def _reward_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
-    out = []
+    """The reward section's own rules (hpcrl.rewards.terms owns them; the ranks check them again) and the
+    reward function's source, read without running it."""
+    out = [(p.key or "reward", p.message) for p in reward_problems(cfg.reward, cfg.data)]
     if cfg.reward.function is not None:
-        if cfg.reward.name != "task":
-            out.append(("reward.name", "reward.function replaces reward.name: set one of them"))
         for problem in function_problems(cfg.reward.function):
             out.append(
                 (problem.key, f"{problem.file}: {problem.message}" if problem.file else problem.message)
             )
-    if not cfg.reward.timeout_s > 0:
-        out.append(("reward.timeout_s", f"must be > 0, got {cfg.reward.timeout_s}"))
-    if cfg.reward.name == "model" and not cfg.reward.model_path:
-        out.append(
-            ("reward.model_path", "missing required field (reward.name='model' needs a model directory)")
-        )
     return out
 
 

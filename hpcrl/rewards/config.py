@@ -18,6 +18,13 @@ class RewardConfig:
     sets it) or 'package.module:function', called per batch as function(prompts, responses, answers,
     extras) -> one number, or one dict with a number under 'score' (its other numbers are logged as
     reward_fn/<key>), per response (hpcrl.rewards.function). Checked at expand without running it."""
+    terms: dict[str, float] | None = None
+    """A weighted mix instead of one reward, e.g. {task: 1.0, model: 0.5, function: 0.1, format: 0.2}:
+    each key a source - a rule (`name`'s registry: task, exact_match, gsm8k, format), `model` (the reward
+    model at `model_path`) or `function` (`function`) - and the score is sum(weight * term). Each term's
+    batch mean is logged as reward_term/<source>; a term that raises or is not finite fails its sample
+    (nan_policy), naming the term. Replaces `name` (leave it at its default); `model_path` and
+    `function` are read only as their terms (hpcrl.rewards.terms)."""
     timeout_s: float = 60.0
     """reward.function: seconds one call may take; a slower call fails its batch (nan_policy decides)."""
     nan_policy: str = "error"

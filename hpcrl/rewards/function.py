@@ -155,18 +155,18 @@ def load_function(text: str) -> Callable[..., Any]:
 
 class FunctionScorer:
     """A BatchScorer over a user function: scores (or an Exception per failed sample) and the extra
-    numbers of dict results, averaged over the batch (`last_extras`)."""
+    numbers of dict results, averaged over the batch (`last_metrics`: reward_fn/<key>)."""
 
     def __init__(self, text: str, timeout_s: float):
         self.__name__ = text
         self.fn = load_function(text)
         self.timeout_s = timeout_s
-        self.last_extras: dict[str, float] = {}
+        self.last_metrics: dict[str, float] = {}
 
     def __call__(
         self, prompts: Sequence[str], responses: Sequence[str], answers: Sequence[str]
     ) -> list[float | Exception]:
-        self.last_extras = {}
+        self.last_metrics = {}
         n = len(responses)
         try:
             values = self._call_with_timeout(
@@ -189,7 +189,7 @@ class FunctionScorer:
             for key, extra in value.items() if isinstance(value, dict) else ():
                 if key != "score" and type(extra) in (int, float) and math.isfinite(extra):
                     extras.setdefault(cut(str(key), MAX_KEY_CHARS), []).append(float(extra))
-        self.last_extras = {key: sum(v) / len(v) for key, v in extras.items()}
+        self.last_metrics = {f"reward_fn/{key}": sum(v) / len(v) for key, v in extras.items()}
         return scores
 
     def _call_with_timeout(self, *args):

@@ -15,17 +15,17 @@ from dataclasses import dataclass, field
 import torch
 
 from hpcrl.data.config import DataConfig
-from hpcrl.errors import ConfigError, Problem
+from hpcrl.errors import ConfigError
 from hpcrl.rewards.config import RewardConfig
 from hpcrl.rewards.function import FunctionScorer
 from hpcrl.rewards.reward_model import RewardModelScorer
 from hpcrl.rewards.rules import RULES, task_rule
+from hpcrl.rewards.terms import FUNCTION, MODEL, TASK, WeightedScorer, reward_problems, sources_of
 
 log = logging.getLogger(__name__)
 
 BatchScorer = Callable[[Sequence[str], Sequence[str], Sequence[str]], list[float | Exception]]
 """(prompts, responses, answers) -> one score per response; an Exception in place of a score that raised."""
-NAN_POLICIES = ("error", "skip")
 
 
 class RewardError(RuntimeError):
@@ -40,8 +40,9 @@ class RewardResult:
     """False for skipped samples."""
     num_skipped: int
     reasons: list[str]
-    extras: dict[str, float] = field(default_factory=dict)
-    """Means of the extra numbers a reward function returned beside each score (logged as reward_fn/<key>)."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """The scorer's own batch metrics by name: a reward function's extra numbers (reward_fn/<key>), each
+    term's mean of a mix (reward_term/<source>)."""
 
 
 def rule_batch_scorer(rule: Callable[[str, str, str], float]) -> BatchScorer:
@@ -61,35 +62,25 @@ def rule_batch_scorer(rule: Callable[[str, str, str], float]) -> BatchScorer:
 
 
 def build_scorer(reward: RewardConfig, data: DataConfig) -> BatchScorer:
-    """The batch scorer for `reward.name` (the reward model loads its weights here)."""
-    problems = []
-    if reward.nan_policy not in NAN_POLICIES:
-        problems.append(
-            Problem(f"{reward.nan_policy!r} is not one of {NAN_POLICIES}", key="reward.nan_policy")
-        )
-    if reward.function is not None:
-        if problems:
-            raise ConfigError(problems)
-        return FunctionScorer(reward.function, reward.timeout_s)
-    if reward.name == "model":
-        if reward.model_path is None:
-            problems.append(Problem("name=model needs a model_path", key="reward.model_path"))
-        if problems:
-            raise ConfigError(problems)
-
-        return RewardModelScorer(reward.model_path)
-    if reward.name == "task":
-        if data.source != "builtin":
-            problems.append(Problem("reward 'task' needs data.source=builtin", key="reward.name"))
-        if problems:
-            raise ConfigError(problems)
-        return rule_batch_scorer(task_rule(data.task))
-    if reward.name not in RULES:
-        known = sorted([*RULES, "task", "model"])
-        problems.append(Problem(f"unknown reward {reward.name!r}; known: {known}", key="reward.name"))
+    """The batch scorer of the reward section: one source, or the weighted mix of `reward.terms` (the
+    reward model loads its weights here). The section's rules run first (hpcrl.rewards.terms)."""
+    problems = reward_problems(reward, data)
     if problems:
         raise ConfigError(problems)
-    return rule_batch_scorer(RULES[reward.name])
+    if reward.terms is None:
+        [source] = sources_of(reward)
+        return _source_scorer(source, reward, data)
+    return WeightedScorer([(s, w, _source_scorer(s, reward, data)) for s, w in reward.terms.items()])
+
+
+def _source_scorer(source: str, reward: RewardConfig, data: DataConfig) -> BatchScorer:
+    if source == FUNCTION:
+        return FunctionScorer(reward.function, reward.timeout_s)
+    if source == MODEL:
+        return RewardModelScorer(reward.model_path)
+    if source == TASK:
+        return rule_batch_scorer(task_rule(data.task))
+    return rule_batch_scorer(RULES[source])
 
 
 def score_batch(
@@ -117,9 +108,9 @@ def score_batch(
             log.warning("skipping %s", reason)
         keep.append(not bad)
         scores.append(0.0 if bad else float(value))
-    extras = dict(getattr(scorer, "last_extras", {}))
+    metrics = dict(getattr(scorer, "last_metrics", {}))
     scores_B = torch.tensor(scores, dtype=torch.float32)
-    return RewardResult(scores_B, torch.tensor(keep), len(reasons), reasons, extras)
+    return RewardResult(scores_B, torch.tensor(keep), len(reasons), reasons, metrics)
 
 
 def _name(scorer: BatchScorer) -> str:

@@ -94,9 +94,9 @@ class Collector:
         algo, parts, sampled, kept_groups = self.algo, [], [], 0
         metrics: dict[str, float] = {}
         for attempt in range(algo.max_gen_batches if algo.dynamic_sampling else 1):
-            exp, skipped, extras = self._rollout_batch(index, attempt, timer)
+            exp, skipped, reward_metrics = self._rollout_batch(index, attempt, timer)
             metrics["reward/skipped"] = metrics.get("reward/skipped", 0.0) + skipped
-            metrics |= {f"reward_fn/{key}": value for key, value in extras.items()}  # the last batch's
+            metrics |= reward_metrics  # the last batch's
             sampled.append(exp.scores_B)
             if algo.dynamic_sampling:
                 exp = exp.select(informative_groups(exp.scores_B, exp.group_ids_B))
@@ -146,7 +146,7 @@ class Collector:
             if baseline_B is not None:
                 exp.tensors["baseline_B"] = baseline_B.repeat_interleave(self.k)
             exp = exp.select(result.keep_B) if result.num_skipped else exp
-        return exp, result.num_skipped, result.extras
+        return exp, result.num_skipped, result.metrics
 
     def _greedy_baseline(self, prompts: list[Example], step: int) -> torch.Tensor:
         exp = self.generate_scored(prompts, self.sampling.greedy(), seed=step)

@@ -59,6 +59,9 @@ def test_encode_prompts_adds_bos_and_rejects_long_and_empty():
         ("even_digits", "213", 1 / 3),
         ("zero_digits", "000", 1.0),
         ("zero_digits", "0000", 0.75),
+        ("reverse_exact", "214", 1.0),
+        ("reverse_exact", "215", 0.0),
+        ("reverse_exact", "2140", 0.0),
     ],
 )
 def test_task_rules(name, response, score):
@@ -68,6 +71,7 @@ def test_task_rules(name, response, score):
         "add_digits": "46",
         "even_digits": "000",
         "zero_digits": "000",
+        "reverse_exact": "214",
     }
     assert TASKS[name].score(response, answers[name]) == pytest.approx(score)
 

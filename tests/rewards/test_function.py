@@ -141,7 +141,7 @@ def test_a_non_finite_score_fails_only_its_sample(tmp_path):
     scorer = _scorer(tmp_path, "def f(p, r, a, e):\n    return [{'score': float('nan'), 'x': 1}, 0.5]\n")
     result = score_batch(scorer, PROMPTS, RESPONSES, ANSWERS, "skip")
     assert result.keep_B.tolist() == [False, True] and result.scores_B.tolist() == [0.0, 0.5]
-    assert result.extras == {"x": 1.0}
+    assert result.metrics == {"reward_fn/x": 1.0}
     with pytest.raises(RewardError, match="sample 0.*returned nan"):
         score_batch(scorer, PROMPTS, RESPONSES, ANSWERS, "error")
 

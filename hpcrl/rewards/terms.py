@@ -1,0 +1,135 @@
+"""Reward sources and their weighted mix (`reward.terms`), and every rule about the reward section.
+
+A source is a rule of the registry (hpcrl.rewards.rules: exact_match, gsm8k, format; `task`, the built-in
+task's own rule), `model` (an HF reward model, `reward.model_path`) or `function` (the user's,
+`reward.function`). `reward.name` picks one source; `reward.terms` mixes several:
+
+    r(x, y) = sum_k w_k * r_k(x, y)
+
+each term scored on the whole batch by its own scorer. A sample fails (raised, or not finite) when any
+term fails on it, and the failure names the term; `reward.nan_policy` decides as for one reward.
+`reward_problems` holds the section's rules: `expand` runs them (hpcrl.experiment.rules) and so does
+`build_scorer` on the ranks, so a run never starts with a reward it cannot build.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from hpcrl.data.config import DataConfig
+from hpcrl.errors import Problem, short
+from hpcrl.rewards.config import RewardConfig
+from hpcrl.rewards.rules import RULES
+
+MODEL, FUNCTION, TASK = "model", "function", "task"
+NAMES = (TASK, *RULES, MODEL)
+"""What `reward.name` may be."""
+SOURCES = (*NAMES, FUNCTION)
+"""Every reward source, the keys of `reward.terms`."""
+NAN_POLICIES = ("error", "skip")
+
+
+class TermFailed(ValueError):
+    """A term of a mix raised or returned a non-finite value on a sample."""
+
+
+def sources_of(reward: RewardConfig) -> dict[str, float]:
+    """The weighted sources this section scores with: its terms, or its one reward with weight 1."""
+    if reward.terms is not None:
+        return dict(reward.terms)
+    return {FUNCTION if reward.function is not None else reward.name: 1.0}
+
+
+def reward_problems(reward: RewardConfig, data: DataConfig) -> list[Problem]:
+    """Every rule of the reward section that reads no file (reward.function's source is checked by
+    hpcrl.rewards.function.function_problems, the model directory by the ranks that load it)."""
+    out = []
+    if reward.nan_policy not in NAN_POLICIES:
+        message = f"{short(reward.nan_policy)} is not one of {NAN_POLICIES}"
+        out.append(Problem(message, key="reward.nan_policy"))
+    if not reward.timeout_s > 0:
+        out.append(Problem(f"must be > 0, got {reward.timeout_s}", key="reward.timeout_s"))
+    chosen = _terms_problems(reward) if reward.terms is not None else _name_problems(reward)
+    out += chosen
+    sources = {} if chosen else sources_of(reward)
+    if MODEL in sources and not reward.model_path:
+        message = "missing required field (the reward model needs a model directory)"
+        out.append(Problem(message, key="reward.model_path"))
+    if TASK in sources and data.source != "builtin":
+        message = (
+            f"the task reward scores built-in tasks (data.source builtin), not {short(data.source)} rows"
+        )
+        out.append(Problem(message, key="reward.terms" if reward.terms is not None else "reward.name"))
+    return out
+
+
+def _name_problems(reward: RewardConfig) -> list[Problem]:
+    if reward.function is not None:
+        if reward.name != TASK:
+            return [Problem("reward.function replaces reward.name: set one of them", key="reward.name")]
+        return []
+    if reward.name not in NAMES:
+        return [Problem(f"unknown reward {short(reward.name)}; known: {sorted(NAMES)}", key="reward.name")]
+    return []
+
+
+def _terms_problems(reward: RewardConfig) -> list[Problem]:
+    terms = reward.terms or {}
+    out = []
+    if not terms:
+        out.append(Problem("names no term: set `source: weight` pairs, or null", key="reward.terms"))
+    for source, weight in terms.items():
+        if source not in SOURCES:
+            message = f"unknown source {short(source)}; known: {list(SOURCES)}"
+            out.append(Problem(message, key="reward.terms"))
+        elif isinstance(weight, bool) or not isinstance(weight, int | float) or not math.isfinite(weight):
+            message = f"{source}: the weight must be a finite number, got {short(weight)}"
+            out.append(Problem(message, key="reward.terms"))
+    if reward.name != TASK:
+        out.append(Problem("reward.terms replaces reward.name: set one of them", key="reward.name"))
+    for source, key, value in ((FUNCTION, "reward.function", reward.function), (MODEL, "reward.model_path", reward.model_path)):  # fmt: skip
+        if value is not None and source not in terms:
+            message = (
+                f"read only as the {source!r} term of reward.terms, which has none (add {source}: <weight>)"
+            )
+            out.append(Problem(message, key=key))
+    if FUNCTION in terms and reward.function is None:
+        out.append(Problem("the 'function' term needs reward.function", key="reward.function"))
+    return out
+
+
+class WeightedScorer:
+    """A BatchScorer of sum_k w_k * r_k over `terms` (source, weight, scorer); `last_metrics` holds each
+    term's batch mean (reward_term/<source>, over the samples it scored) and its scorer's own metrics."""
+
+    def __init__(self, terms: Sequence[tuple[str, float, object]]):
+        self.terms = list(terms)
+        self.__name__ = " + ".join(f"{w:g}*{source}" for source, w, _ in self.terms)
+        self.last_metrics: dict[str, float] = {}
+
+    def __call__(self, prompts: Sequence[str], responses: Sequence[str], answers: Sequence[str]) -> list:
+        n, totals = len(responses), [0.0] * len(responses)
+        failed: list[Exception | None] = [None] * n
+        self.last_metrics = {}
+        for source, weight, scorer in self.terms:
+            values = scorer(prompts, responses, answers)
+            if len(values) != n:
+                values = [TermFailed(f"returned {len(values)} scores for {n} responses")] * n
+            finite = []
+            for i, value in enumerate(values):
+                bad = isinstance(value, Exception) or not math.isfinite(value)
+                if bad and failed[i] is None:
+                    cause = (
+                        f"raised {type(value).__name__}: {value}"
+                        if isinstance(value, Exception)
+                        else f"returned {value}"
+                    )
+                    failed[i] = TermFailed(f"term {source} {cause}")
+                elif not bad:
+                    totals[i] += weight * float(value)
+                    finite.append(float(value))
+            if finite:
+                self.last_metrics[f"reward_term/{source}"] = sum(finite) / len(finite)
+            self.last_metrics |= getattr(scorer, "last_metrics", {})
+        return [err if err is not None else total for err, total in zip(failed, totals, strict=True)]
