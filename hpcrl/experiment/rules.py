@@ -21,7 +21,7 @@ from hpcrl.distributed.placement import placement_of
 from hpcrl.errors import ConfigError, Problem, short
 from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.rewards.function import function_problems
-from hpcrl.rewards.terms import reward_problems
+from hpcrl.rewards.terms import megatron_reward_model, reward_problems
 from hpcrl.rollout.engine_rule import EngineFacts, resolve_engine
 from hpcrl.train.config import ModelConfig
 from hpcrl.train.hf_config import ModelDimsUnavailable, with_hf_architecture
@@ -139,7 +139,7 @@ def rl_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
         + _sampling_rules(cfg)
         + _algorithm_rules(cfg)
         + _reward_rules(cfg)
-        + _teacher_rules(cfg)
+        + _frozen_model_rules(cfg)
         + _rl_token_budget_rules(cfg)
         + _data_rules(cfg, preference=None)
     )
@@ -214,34 +214,44 @@ def sft_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
     return out
 
 
-def _teacher_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
-    """The distillation teacher, where its config.json is readable here (else the ranks check it before
-    loading a weight, hpcrl.rl.roles): a model the training layout divides (it runs at the student's
-    t and p, never generating) and scores the student's token ids with the same vocabulary."""
-    teacher = teacher_model(cfg.algorithm, cfg.model)
-    if teacher is None:
-        return []
-    resolved, file_problems = _model_dims(teacher)
-    problems = [_under_teacher_path(p) for p in file_problems]
+def _frozen_model_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
+    """The frozen models a job loads from a directory of its own - the distillation teacher and the
+    megatron reward model - where their config.json is readable here (else the ranks check them before
+    loading a weight, hpcrl.rl.roles): a model the training layout divides (they run at the policy's t
+    and p, never generating) and reads the policy's token ids with the same vocabulary."""
+    out = []
     student, _ = _model_dims(cfg.model)
     try:
         layout = ParallelLayout.from_config(replace(cfg.parallel, rollout_tensor=1, rollout_pipeline=1))
     except ConfigError:
-        layout = None  # the student's layout rules report it
+        layout = None  # the policy's layout rules report it
+    frozen = (
+        ("algorithm.teacher_path", "teacher", teacher_model(cfg.algorithm, cfg.model)),
+        ("reward.model_path", "reward model", megatron_reward_model(cfg.reward, cfg.model)),
+    )
+    for key, who, model in frozen:
+        if model is not None:
+            out += [(key, m) for m in _frozen_model_problems(model, who, student, layout)]
+    return out
+
+
+def _frozen_model_problems(model: ModelConfig, who: str, student, layout) -> list[str]:
+    resolved, file_problems = _model_dims(model)
+    problems = [_prefixed(p, who) for p in file_problems]
     if resolved is not None and layout is not None:
-        problems += [_under_teacher_path(p) for p in model_problems(layout, resolved)]
+        problems += [_prefixed(p, who) for p in model_problems(layout, resolved)]
     if resolved is not None and student is not None and resolved.vocab_size != student.vocab_size:
-        message = f"the teacher's vocab_size {resolved.vocab_size} is not the student's {student.vocab_size}"
-        problems.append(Problem(message, key="algorithm.teacher_path"))
-    return [(p.key, p.message) for p in problems]
+        problems.append(
+            f"the {who}'s vocab_size {resolved.vocab_size} is not the policy's {student.vocab_size}"
+        )
+    return problems
 
 
-def _under_teacher_path(problem: Problem) -> Problem:
-    """A problem of the teacher's model, reported under `algorithm.teacher_path` (its own keys and file
-    in the message: they are not the template's)."""
+def _prefixed(problem: Problem, who: str) -> str:
+    """A problem of a frozen model's own config.json, said as that model's (its keys and file are not
+    the template's)."""
     where = ":".join(part for part in (problem.file, problem.key) if part and part != "model.hf_path")
-    message = f"the teacher's {where}: {problem.message}" if where else f"the teacher: {problem.message}"
-    return Problem(message, key="algorithm.teacher_path")
+    return f"the {who}'s {where}: {problem.message}" if where else f"the {who}: {problem.message}"
 
 
 def _engine_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
@@ -345,15 +355,22 @@ def placement_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
     out = [(p.key or "placement", p.message) for p in placement.problems(cfg.parallel, cfg.placement)]
     algo = cfg.algorithm
     spec = ALGORITHMS.get(algo.name)
-    hosted = spec is not None and (spec.needs_critic or spec.needs_teacher or algo.kl_coef > 0)
+    megatron_rm = megatron_reward_model(cfg.reward, cfg.model) is not None
+    hosted = spec is not None and (spec.needs_critic or spec.needs_teacher or algo.kl_coef > 0 or megatron_rm)
     if placement.models_pool and spec is not None and not hosted:
         out.append(
             (
                 "placement.kind",
-                f"split placement puts the critic, the reference and the teacher on their own pool, but "
-                f"{algo.name} with kl_coef=0 has none of them (use colocated)",
+                f"split placement puts the critic, the reference, the teacher and a megatron reward model on "
+                f"their own pool, but {algo.name} with kl_coef=0 has none of them (use colocated)",
             )
         )
+    if placement.rollout_pool and megatron_rm:
+        message = (
+            f"placement {cfg.placement.kind} scores on its rollout pool, where no megatron reward model runs: "
+            "use reward.model_backend hf (or the colocated / split placement)"
+        )
+        out.append(("reward.model_backend", message))
     m = cfg.placement.max_off_policy_steps
     if placement.off_policy and m >= 1 and algo.tis_cap is None:
         out.append(

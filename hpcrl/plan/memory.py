@@ -6,7 +6,7 @@
 Pure (no torch). Formulas and their sources: hpcrl.plan.formulas. What is resident when:
 - persistent (all phases): actor params, grads (hpcrl's trainer keeps .grad between steps), AdamW states
   (+ fp32 master for 16-bit params), the critic's same three (ppo), the reference params (kl_coef > 0),
-  the distillation teacher's params (its own dims, from its config.json),
+  the distillation teacher's and a megatron reward model's params (their own dims, from their config.json),
   and the rollout engine's own copy of its generation shard.
 - train: activations of ONE micro-batch over the stage's L/p layers (hpcrl's pipeline runs one micro-batch
   forward+backward at a time, so Korthikanti §4.2's "p micro-batches in flight" of 1F1B does not apply)
@@ -33,6 +33,7 @@ from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.rules import gpus_per_node
 from hpcrl.plan import formulas as fm
 from hpcrl.plan.capacity import Capacity, device_capacity
+from hpcrl.rewards.terms import megatron_reward_model
 from hpcrl.rollout.engine_rule import ENGINES, EngineFacts, resolve_engine, sleeps_between_steps
 from hpcrl.train.config import ModelConfig
 from hpcrl.train.hf_config import ModelDimsUnavailable as ModelDimsUnavailable  # submit's name
@@ -143,18 +144,15 @@ def dims_of(cfg: ExperimentConfig) -> fm.Dims:
     return model_dims(cfg.model)
 
 
-def teacher_dims(cfg: ExperimentConfig) -> fm.Dims | None:
-    """The distillation teacher's dims (its config.json must be readable here: a teacher has no
-    template fields to plan from), or None without a teacher."""
-    teacher = teacher_model(cfg.algorithm, cfg.model)
-    if teacher is None:
+def frozen_dims(model: ModelConfig | None, key: str, who: str) -> fm.Dims | None:
+    """A frozen model's dims from its own config.json, which must be readable here (it has no template
+    fields to plan from): the distillation teacher, a megatron reward model; None without one."""
+    if model is None:
         return None
     try:
-        return model_dims(teacher)
+        return model_dims(model)
     except ConfigError as err:
-        problems = [
-            Problem(f"the teacher: {p.message}", p.file, "algorithm.teacher_path") for p in err.problems
-        ]
+        problems = [Problem(f"the {who}: {p.message}", p.file, key) for p in err.problems]
         raise type(err)(problems) from err
 
 
@@ -214,10 +212,14 @@ def predict(cfg: ExperimentConfig, *, host_bytes: float | None = None) -> Memory
     if cfg.algorithm.kl_coef > 0:
         ref = Component("reference params", PERSISTENT, actor.total * e, f"{actor.total:,} params × {e} B")
         add(replace(ref, pool=models_pool))
-    teacher = teacher_dims(cfg)
-    if teacher is not None:  # frozen, in the student's dtype, at the training layout
-        params = fm.rank_params(teacher, par.tensor, par.pipeline).total
-        add(Component("teacher params", PERSISTENT, params * e, f"{params:,} params × {e} B", models_pool))
+    frozen = (  # in the policy's dtype, at the training layout
+        ("teacher", False, frozen_dims(teacher_model(cfg.algorithm, cfg.model), "algorithm.teacher_path", "teacher")),
+        ("reward model", True, frozen_dims(megatron_reward_model(cfg.reward, cfg.model), "reward.model_path", "reward model")),
+    )  # fmt: skip
+    for who, scalar, dims_of_model in frozen:
+        if dims_of_model is not None:
+            params = fm.rank_params(dims_of_model, par.tensor, par.pipeline, value_head=scalar).total
+            add(Component(f"{who} params", PERSISTENT, params * e, f"{params:,} params × {e} B", models_pool))
     train = _train_phase(cfg, dims, e)
     for c in train:
         add(replace(c, pool=actor_pool))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 
 @dataclass(kw_only=True)
@@ -12,7 +13,14 @@ class RewardConfig:
     name: str = "task"
     """Registry key: task (the built-in task's own rule), exact_match, gsm8k (number after ####), format, model."""
     model_path: str | None = None
-    """HF sequence-classification model directory, for name=model."""
+    """HF sequence-classification model directory (num_labels 1, e.g. an `rm` stage's `hf/` export), for
+    name=model (or the `model` term)."""
+    model_backend: Literal["hf", "megatron"] = "hf"
+    """Where the reward model runs. hf: transformers on every rank, scoring the decoded text. megatron: a
+    megatron-core GPTModel with its scalar head (loaded from `model_path`'s score.weight), a frozen model
+    role of the learner's pools at the training layout - the training ranks (colocated) or the split
+    placement's models pool, beside the reference and critic (hpcrl.rl.roles); not on the async
+    placement, whose rollout pool scores."""
     function: str | None = None
     """A reward of your own, replacing `name`: 'path/to/file.py:function' (relative to the template that
     sets it) or 'package.module:function', called per batch as function(prompts, responses, answers,

@@ -14,8 +14,27 @@ from collections.abc import Sequence
 
 import torch
 
+from hpcrl.train.batch import TrainBatch
+
+
+def reward_rows(tokenizer, prompts: Sequence[str], responses: Sequence[str]) -> list[list[int]]:
+    """Token ids of each (prompt, response) as a reward model scores it: BOS (unless the prompt's
+    template wrote it), the prompt, the response, EOS - the rows hpcrl's `rm` stage trained on. One
+    function for the HF scorer here and the megatron one (hpcrl.rl.reward_worker)."""
+    bos = tokenizer.bos_token_id
+    prompt_ids = tokenizer(list(prompts), add_special_tokens=False)["input_ids"]
+    response_ids = tokenizer(list(responses), add_special_tokens=False)["input_ids"]
+    rows = []
+    for p, r in zip(prompt_ids, response_ids, strict=True):
+        head = [] if bos is None or p[:1] == [bos] else [bos]
+        rows.append([*head, *p, *r, tokenizer.eos_token_id])
+    return rows
+
 
 class RewardModelScorer:
+    """The HF reward model (`reward.model_backend: hf`): transformers' `*ForSequenceClassification` on
+    every rank, scoring decoded text."""
+
     __name__ = "model"
 
     def __init__(self, model_path: str, batch_size: int = 32, device: str | None = None):
@@ -39,28 +58,25 @@ class RewardModelScorer:
         rows = self.rows(prompts, responses)
         scores: list[float] = []
         for start in range(0, len(rows), self.batch_size):
-            ids_BS, attention_BS = self._padded(rows[start : start + self.batch_size])
+            batch = padded_rows(rows[start : start + self.batch_size], self.tokenizer.pad_token_id)
             logits = self.model(
-                input_ids=ids_BS.to(self.device), attention_mask=attention_BS.to(self.device)
+                input_ids=batch.input_ids_BT.to(self.device),
+                attention_mask=batch.attention_mask_BT.long().to(self.device),
             ).logits
             scores.extend(logits[:, 0].float().cpu().tolist())
         return scores
 
     def rows(self, prompts: Sequence[str], responses: Sequence[str]) -> list[list[int]]:
-        """Token ids of each (prompt, response): BOS, prompt, response, EOS."""
-        tok, bos = self.tokenizer, self.tokenizer.bos_token_id
-        prompt_ids = tok(list(prompts), add_special_tokens=False)["input_ids"]
-        response_ids = tok(list(responses), add_special_tokens=False)["input_ids"]
-        rows = []
-        for p, r in zip(prompt_ids, response_ids, strict=True):
-            head = [] if bos is None or p[:1] == [bos] else [bos]
-            rows.append([*head, *p, *r, tok.eos_token_id])
-        return rows
+        return reward_rows(self.tokenizer, prompts, responses)
 
-    def _padded(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        width = max(len(row) for row in rows)
-        ids_BS = torch.full((len(rows), width), self.tokenizer.pad_token_id, dtype=torch.long)
-        attention_BS = torch.zeros((len(rows), width), dtype=torch.long)
-        for b, row in enumerate(rows):
-            ids_BS[b, : len(row)], attention_BS[b, : len(row)] = torch.tensor(row), 1
-        return ids_BS, attention_BS
+
+def padded_rows(rows: list[list[int]], pad_id: int) -> TrainBatch:
+    """The right-padded [B, S] batch of token rows (nothing trained: an all-False response mask)."""
+    width = max(len(row) for row in rows)
+    ids_BS = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention_BS = torch.zeros((len(rows), width), dtype=torch.bool)
+    for b, row in enumerate(rows):
+        ids_BS[b, : len(row)], attention_BS[b, : len(row)] = torch.tensor(row), True
+    return TrainBatch(
+        input_ids_BT=ids_BS, attention_mask_BT=attention_BS, response_mask_BT=torch.zeros_like(attention_BS)
+    )

@@ -61,23 +61,26 @@ def rule_batch_scorer(rule: Callable[[str, str, str], float]) -> BatchScorer:
     return score
 
 
-def build_scorer(reward: RewardConfig, data: DataConfig) -> BatchScorer:
-    """The batch scorer of the reward section: one source, or the weighted mix of `reward.terms` (the
-    reward model loads its weights here). The section's rules run first (hpcrl.rewards.terms)."""
+def build_scorer(reward: RewardConfig, data: DataConfig, *, model: BatchScorer | None = None) -> BatchScorer:
+    """The batch scorer of the reward section: one source, or the weighted mix of `reward.terms`. The
+    reward model is `model` when the job runs it as a model role (reward.model_backend megatron), else
+    transformers' loads its weights here. The section's rules run first (hpcrl.rewards.terms)."""
     problems = reward_problems(reward, data)
     if problems:
         raise ConfigError(problems)
     if reward.terms is None:
         [source] = sources_of(reward)
-        return _source_scorer(source, reward, data)
-    return WeightedScorer([(s, w, _source_scorer(s, reward, data)) for s, w in reward.terms.items()])
+        return _source_scorer(source, reward, data, model)
+    return WeightedScorer([(s, w, _source_scorer(s, reward, data, model)) for s, w in reward.terms.items()])
 
 
-def _source_scorer(source: str, reward: RewardConfig, data: DataConfig) -> BatchScorer:
+def _source_scorer(
+    source: str, reward: RewardConfig, data: DataConfig, model: BatchScorer | None
+) -> BatchScorer:
     if source == FUNCTION:
         return FunctionScorer(reward.function, reward.timeout_s)
     if source == MODEL:
-        return RewardModelScorer(reward.model_path)
+        return model if model is not None else RewardModelScorer(reward.model_path)
     if source == TASK:
         return rule_batch_scorer(task_rule(data.task))
     return rule_batch_scorer(RULES[source])

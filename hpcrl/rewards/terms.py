@@ -21,6 +21,7 @@ from hpcrl.data.config import DataConfig
 from hpcrl.errors import Problem, short
 from hpcrl.rewards.config import RewardConfig
 from hpcrl.rewards.rules import RULES
+from hpcrl.train.config import ModelConfig
 
 MODEL, FUNCTION, TASK = "model", "function", "task"
 NAMES = (TASK, *RULES, MODEL)
@@ -41,6 +42,15 @@ def sources_of(reward: RewardConfig) -> dict[str, float]:
     return {FUNCTION if reward.function is not None else reward.name: 1.0}
 
 
+def megatron_reward_model(reward: RewardConfig, policy: ModelConfig) -> ModelConfig | None:
+    """The reward model's ModelConfig when it runs as a megatron model role (reward.model_backend
+    megatron; its architecture from `model_path`'s config.json, in the policy's dtype), else None.
+    The ranks (hpcrl.rl.roles), the expand rules and the memory planner read it from here."""
+    if reward.model_backend != "megatron" or MODEL not in sources_of(reward) or not reward.model_path:
+        return None
+    return ModelConfig(hf_path=reward.model_path, dtype=policy.dtype)
+
+
 def reward_problems(reward: RewardConfig, data: DataConfig) -> list[Problem]:
     """Every rule of the reward section that reads no file (reward.function's source is checked by
     hpcrl.rewards.function.function_problems, the model directory by the ranks that load it)."""
@@ -56,6 +66,9 @@ def reward_problems(reward: RewardConfig, data: DataConfig) -> list[Problem]:
     if MODEL in sources and not reward.model_path:
         message = "missing required field (the reward model needs a model directory)"
         out.append(Problem(message, key="reward.model_path"))
+    if reward.model_backend == "megatron" and not chosen and MODEL not in sources:
+        message = "megatron runs the reward model, but this reward reads none (name: model, or a model term)"
+        out.append(Problem(message, key="reward.model_backend"))
     if TASK in sources and data.source != "builtin":
         message = (
             f"the task reward scores built-in tasks (data.source builtin), not {short(data.source)} rows"

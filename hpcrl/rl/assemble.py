@@ -37,6 +37,7 @@ from hpcrl.rl.collector import Collector, CollectorSettings, PromptCodec
 from hpcrl.rl.driver import RLDriver
 from hpcrl.rl.handoff import SideInputs, build_rollout_side
 from hpcrl.rl.learner import Learner, Models
+from hpcrl.rl.reward_worker import MegatronRewardScorer
 from hpcrl.rl.roles import ModelRoles, build_model_roles
 from hpcrl.rl.weight_sync import NoWeightSync, WeightSync
 from hpcrl.rl.workers import ActorWorker, Pool, RolloutWorker, Shards, TrainerWorker
@@ -167,8 +168,8 @@ class JobInputs:
     def learner(self, models: Models) -> Learner:
         return Learner(self.cfg.algorithm, self.cfg.rollout.max_new_tokens, models)
 
-    def collector(self, rollout: RolloutWorker) -> Collector:
-        return build_collector(self.cfg, rollout, self.tokenizer, self.sampler(), self.heldout)
+    def collector(self, rollout: RolloutWorker, reward_model: TrainerWorker | None = None) -> Collector:
+        return build_collector(self.cfg, rollout, self.tokenizer, self.sampler(), self.heldout, reward_model)
 
     def sampler(self) -> PromptSampler:
         """The training prompts from the start of the data (a resume moves the cursor)."""
@@ -183,8 +184,9 @@ def _pooled_job(i: JobInputs) -> Job:
     actor, rollout, weight_sync = _build_actor_and_rollout(
         i.cfg, i.tokenizer, pools.actor, actor_groups, i.rank, i.world
     )
-    models = Models(actor, **vars(_build_model_pool(i.cfg, pools.models, model_groups)))
-    collector = i.collector(rollout)
+    roles = _build_model_pool(i.cfg, pools.models, model_groups)
+    models = roles.learner_models(actor)
+    collector = i.collector(rollout, roles.reward)
     driver = RLDriver(collector, i.learner(models), weight_sync, i.cfg.algorithm.eval_every)
     return Job(driver, i.logger(), trainers=models.trainers(), states=[DataCursorState(collector)])
 
@@ -204,9 +206,15 @@ _JOBS: dict[str, Callable[[JobInputs], Job]] = {
 
 
 def build_collector(
-    cfg: ExperimentConfig, rollout: RolloutWorker, tokenizer, sampler, heldout: list
+    cfg: ExperimentConfig,
+    rollout: RolloutWorker,
+    tokenizer,
+    sampler,
+    heldout: list,
+    reward_model: TrainerWorker | None = None,
 ) -> Collector:
-    """A Collector over `rollout` with this config's sampling, reward, data and codec."""
+    """A Collector over `rollout` with this config's sampling, reward, data and codec; `reward_model`:
+    the reward model's worker when it runs in megatron (hpcrl.rl.roles)."""
     codec = PromptCodec(
         encode=lambda texts: encode_prompts(tokenizer, texts, cfg.data.max_prompt_length),
         decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
@@ -219,7 +227,9 @@ def build_collector(
         cfg.reward.nan_policy,
         seed=cfg.seed,
     )
-    return Collector(settings, rollout, codec, build_scorer(cfg.reward, cfg.data), sampler, heldout)
+    model = MegatronRewardScorer(reward_model, tokenizer) if reward_model is not None else None
+    scorer = build_scorer(cfg.reward, cfg.data, model=model)
+    return Collector(settings, rollout, codec, scorer, sampler, heldout)
 
 
 def _temperature(cfg: ExperimentConfig) -> float:

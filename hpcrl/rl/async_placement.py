@@ -155,7 +155,7 @@ def build_training_side(cfg: ExperimentConfig, groups: AsyncGroups) -> tuple[Mod
         return dict(named_global_params(trainer.model, trainer.model_cfg, g))
 
     actor = ActorWorker(trainer, mbs, balance_tokens=balance)
-    return Models(actor, **vars(roles)), WeightSender(groups.transfer, params)
+    return roles.learner_models(actor), WeightSender(groups.transfer, params)
 
 
 def build_rollout_side(

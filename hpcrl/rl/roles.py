@@ -1,5 +1,6 @@
-"""The learner's models besides the actor, built from the config: the frozen reference (kl_coef > 0),
-the critic (an algorithm that needs one: PPO) and the frozen teacher (on-policy distillation).
+"""The models besides the actor, built from the config: the frozen reference (kl_coef > 0), the critic
+(an algorithm that needs one: PPO), the frozen teacher (on-policy distillation) and the frozen reward
+model when it runs in megatron (`reward.model_backend: megatron`; the Collector scores with it).
 
 Every placement builds them through `build_model_roles` on the pool that hosts them (colocated: every
 rank; split: the models pool; async: the training pool), so a new role is added here once.
@@ -14,8 +15,10 @@ from hpcrl.algorithm.registry import ALGORITHMS
 from hpcrl.algorithm.teacher import teacher_model
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.config import ExperimentConfig
-from hpcrl.rl.workers import TrainerWorker
-from hpcrl.train.trainer import Trainer, build_policy_trainer, build_value_trainer
+from hpcrl.rewards.terms import megatron_reward_model
+from hpcrl.rl.learner import Models
+from hpcrl.rl.workers import ActorWorker, TrainerWorker
+from hpcrl.train.trainer import Trainer, build_policy_trainer, build_reward_trainer, build_value_trainer
 
 WorkerOf = Callable[[Trainer | None], TrainerWorker]
 """Wraps a rank's trainer (None on a rank outside the pool) into the pool's worker group."""
@@ -26,6 +29,11 @@ class ModelRoles:
     reference: TrainerWorker | None = None
     critic: TrainerWorker | None = None
     teacher: TrainerWorker | None = None
+    reward: TrainerWorker | None = None
+    """The reward model (the Collector's, not the learner's)."""
+
+    def learner_models(self, actor: ActorWorker) -> Models:
+        return Models(actor, self.reference, self.critic, self.teacher)
 
 
 def build_model_roles(cfg: ExperimentConfig, groups, worker: WorkerOf, temperature: float) -> ModelRoles:
@@ -44,6 +52,9 @@ def build_model_roles(cfg: ExperimentConfig, groups, worker: WorkerOf, temperatu
         if trainer is not None:
             _check_vocabulary(trainer, cfg)
         roles.teacher = worker(trainer)
+    reward_cfg = megatron_reward_model(cfg.reward, cfg.model)
+    if reward_cfg is not None:
+        roles.reward = worker(build_reward_trainer(reward_cfg, None, groups) if member else None)
     return roles
 
 

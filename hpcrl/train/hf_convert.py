@@ -197,9 +197,12 @@ def megatron_to_hf_state_dict(mg_sd: Mapping[str, torch.Tensor], cfg: ModelConfi
     return hf_sd
 
 
-def hf_to_megatron_state_dict(hf_sd: Mapping[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+def hf_to_megatron_state_dict(
+    hf_sd: Mapping[str, torch.Tensor], cfg: ModelConfig, *, output_layer: bool = True
+) -> dict[str, torch.Tensor]:
     """HF state dict -> full Megatron state dict (TP=1, global layer numbers). Raises KeyError naming a
-    missing HF tensor."""
+    missing HF tensor. `output_layer` False: the model has no LM head to fill (a scalar-head model, whose
+    HF `*ForSequenceClassification` directory holds `score.weight` instead of `lm_head.weight`)."""
 
     def get(key: str) -> torch.Tensor:
         if key not in hf_sd:
@@ -208,7 +211,7 @@ def hf_to_megatron_state_dict(hf_sd: Mapping[str, torch.Tensor], cfg: ModelConfi
 
     mg: dict[str, torch.Tensor] = {}
     for mg_name, hf_name in _TOP_SIMPLE.items():
-        if mg_name == "output_layer.weight" and cfg.tie_word_embeddings:
+        if mg_name == "output_layer.weight" and (cfg.tie_word_embeddings or not output_layer):
             continue
         mg[mg_name] = get(hf_name)
     for i in range(cfg.num_layers):

@@ -451,7 +451,9 @@ def build_model_from_hf(hf_path: str, groups: TrainGroups, *, value_head: bool =
     """GPTModel for this rank loaded from an HF Llama/Qwen2 directory (config.json + *.safetensors).
 
     Returns (model, ModelConfig read from the directory). `overrides` set non-architecture ModelConfig
-    fields (e.g. dtype). A value-head model loads the trunk and keeps its fresh ScalarHead.
+    fields (e.g. dtype). A value-head model loads the trunk, and its ScalarHead from the directory's
+    `score.weight` when it is a `*ForSequenceClassification` with one label (a reward model: hpcrl's `rm`
+    export), else keeps the head's fresh init.
     """
     from safetensors.torch import load_file
     from transformers import AutoConfig
@@ -466,12 +468,19 @@ def build_model_from_hf(hf_path: str, groups: TrainGroups, *, value_head: bool =
         hf_sd.update(load_file(path))
     if cfg.tie_word_embeddings:
         hf_sd.pop("lm_head.weight", None)
-    full = hf_convert.hf_to_megatron_state_dict(hf_sd, cfg)
-    dtype = DTYPES[cfg.dtype]
-    full = {k: v.to(dtype) for k, v in full.items()}
+    score = hf_sd.pop("score.weight", None)
+    full = hf_convert.hf_to_megatron_state_dict(hf_sd, cfg, output_layer=not value_head)
     model = build_gpt_model(cfg, groups, value_head=value_head)
     if value_head and groups.is_last_stage:
-        full["value_head.weight"] = model.output_layer.weight.detach().clone()  # keeps its fresh init
+        if score is not None and tuple(score.shape) != (1, cfg.hidden_size):
+            raise ConfigError(
+                f"{hf_path}: score.weight is {list(score.shape)}, not the one label of a reward model "
+                f"[1, {cfg.hidden_size}]"
+            )
+        fresh = model.output_layer.weight.detach().clone()
+        full["value_head.weight"] = score if score is not None else fresh  # else: keeps its fresh init
+    dtype = DTYPES[cfg.dtype]
+    full = {k: v.to(dtype) for k, v in full.items()}
     load_full_state_dict(model, full, cfg, groups)
     return model, cfg
 

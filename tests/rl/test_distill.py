@@ -58,7 +58,7 @@ def _teacher_dir(tmp_path: Path, **config) -> Path:
         (["--algorithm.name=grpo", "--algorithm.distill_task_coef=1"], "only algorithm.name: distill reads it"),
         (["--algorithm.teacher_path={teacher}", "--algorithm.distill_task_coef=-1"], "must be a finite number"),
         (["--algorithm.teacher_path={teacher}", "--algorithm.distill_task_coef=.inf"], "must be a finite number"),
-        (["--algorithm.teacher_path={other_vocab}"], "the teacher's vocab_size 32 is not the student's 16"),
+        (["--algorithm.teacher_path={other_vocab}"], "the teacher's vocab_size 32 is not the policy's 16"),
         (["--algorithm.teacher_path={odd_heads}", "--parallel.tensor=2", "--cluster.tasks_per_node=2"],
          "the teacher's model.num_attention_heads: rule heads % t == 0"),
         (["--algorithm.teacher_path={broken}"], "config.json: not valid JSON"),

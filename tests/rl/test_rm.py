@@ -161,3 +161,69 @@ def test_expand_refuses_unpaired_rows_for_the_reward_model(tmp_path, capsys):
         and "the rm stage needs pairs" in err
     )
     assert not (tmp_path / "r").exists()
+
+
+def _rewards(run: Path) -> list[tuple]:
+    rows = read_jsonl(run / "metrics.jsonl")
+    return [(r["step"], r.get("reward/mean"), r.get("reward/heldout")) for r in rows]
+
+
+def test_the_reward_model_in_megatron_scores_as_transformers_colocated_and_split(rm_run, tmp_path):
+    """ppo_tiny scored by the RM's export, 3 steps: reward.model_backend megatron (the RM a frozen
+    scalar-head role at the training layout: the training rank, or the split placement's models pool)
+    gives every step's reward/mean and held-out reward of the transformers scorer within 1e-5."""
+    ppo = REPO / "templates" / "ppo_tiny.yaml"
+    base = {
+        "reward.name": "model", "reward.model_path": str(rm_run / "hf"), "algorithm.steps": 3,
+        "algorithm.eval_every": 2, "checkpoint.save_on_exit": False, "checkpoint.export_hf": False,
+        "logging.plot": False,
+    }  # fmt: skip
+    hf = _rewards(_run(ppo, tmp_path / "hf", **base))
+    megatron = _rewards(_run(ppo, tmp_path / "mg", **base, **{"reward.model_backend": "megatron"}))
+    split = {"reward.model_backend": "megatron", "placement.kind": "split", "cluster.tasks_per_node": 2}
+    on_its_pool = _rewards(_run(ppo, tmp_path / "split", **base, **split))
+    assert [s for s, _, _ in hf] == [0, 1, 2, 3] and hf[0][2] is not None
+    for other in (megatron, on_its_pool):
+        assert [s for s, _, _ in other] == [s for s, _, _ in hf]
+        for (_, mean, held), (_, mean_hf, held_hf) in zip(other, hf, strict=True):
+            assert (mean is None) == (mean_hf is None) and (held is None) == (held_hf is None)
+            assert mean is None or mean == pytest.approx(mean_hf, abs=1e-5)
+            assert held is None or held == pytest.approx(held_hf, abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("args", "key", "says"),
+    [
+        (["--reward.model_backend=megatron"], "reward.model_backend", "this reward reads none"),
+        (
+            ["--reward.name=model", "--reward.model_path={rm}", "--reward.model_backend=megatron",
+             "--placement.kind=async", "--cluster.tasks_per_node=2", "--algorithm.tis_cap=2"],
+            "reward.model_backend", "scores on its rollout pool",
+        ),
+        (
+            ["--reward.name=model", "--reward.model_path={wide_vocab}", "--reward.model_backend=megatron"],
+            "reward.model_path", "the reward model's vocab_size 32 is not the policy's 16",
+        ),
+    ],
+)  # fmt: skip
+def test_expand_checks_the_megatron_reward_model(tmp_path, capsys, args, key, says):
+    from tests.cli_runs import run_cli
+
+    dirs = {"rm": tmp_path / "rm", "wide_vocab": tmp_path / "wide"}
+    for directory, vocab in ((dirs["rm"], 16), (dirs["wide_vocab"], 32)):
+        directory.mkdir()
+        config = {"model_type": "llama", "vocab_size": vocab, "hidden_size": 64, "intermediate_size": 128,
+                  "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}  # fmt: skip
+        (directory / "config.json").write_text(json.dumps(config))
+    ppo = REPO / "templates" / "ppo_tiny.yaml"
+    argv = [a.format(**dirs) for a in args]
+    code, _, err = run_cli(capsys, "expand", ppo, f"--run_root={tmp_path}/runs", *argv)
+    assert code == 2 and f"{key}: " in err and says in err, err
+    assert not (tmp_path / "runs").exists()
+    code, out, err = run_cli(
+        capsys, "plan", ppo, "--reward.name=model", f"--reward.model_path={dirs['rm']}",
+        "--reward.model_backend=megatron", "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    components = {c["name"]: c["bytes"] for c in json.loads(out)["components"]}
+    assert components["reward model params"] == components["critic params"]  # the same trunk and head
