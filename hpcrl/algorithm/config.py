@@ -69,6 +69,12 @@ class AlgorithmConfig:
     """On-policy distillation (name: distill): the frozen teacher, an HF directory (config.json, weights
     and the student's vocabulary), loaded like the reference model (same pool and layout, any size that
     layout divides); it scores every token the student samples."""
+    teacher_tensor: int | None = None
+    """name: distill: the teacher's tensor-parallel size (null: the policy's parallel.tensor); with
+    teacher_pipeline it runs at a layout of its own on the policy's ranks, data-parallel over the rest
+    (t_T * p_T must divide parallel.tensor * parallel.pipeline * parallel.data)."""
+    teacher_pipeline: int | None = None
+    """name: distill: the teacher's pipeline-parallel size (null: the policy's parallel.pipeline)."""
     distill_task_coef: float = 0.0
     """name: distill: weight of the task reward (each response's score, on every token) added to the
     per-token reverse-KL advantage (hpcrl.rl.advantages.reverse_kl_advantages); 0 = pure distillation."""

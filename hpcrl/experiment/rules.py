@@ -9,10 +9,8 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Callable
-from dataclasses import replace
 
 from hpcrl.algorithm.registry import ALGORITHMS, algorithm_problems, dpo_problems, rm_problems, sft_problems
-from hpcrl.algorithm.teacher import teacher_model
 from hpcrl.ckpt.config import checkpoint_problems
 from hpcrl.cluster.rules import check_cluster
 from hpcrl.data.validate import PreferenceReader, data_file_problems
@@ -20,6 +18,7 @@ from hpcrl.distributed.layout import ModelDims, ParallelLayout, model_problems
 from hpcrl.distributed.placement import placement_of
 from hpcrl.errors import ConfigError, Problem, short
 from hpcrl.experiment.config import ExperimentConfig
+from hpcrl.experiment.frozen_models import frozen_models
 from hpcrl.rewards.function import function_problems
 from hpcrl.rewards.terms import megatron_reward_model, reward_problems
 from hpcrl.rollout.engine_rule import EngineFacts, resolve_engine
@@ -215,24 +214,51 @@ def sft_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
 
 
 def _frozen_model_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
-    """The frozen models a job loads from a directory of its own - the distillation teacher and the
-    megatron reward model - where their config.json is readable here (else the ranks check them before
-    loading a weight, hpcrl.rl.roles): a model the training layout divides (they run at the policy's t
-    and p, never generating) and reads the policy's token ids with the same vocabulary."""
-    out = []
+    """The frozen models a job loads from a directory of their own (hpcrl.experiment.frozen_models: the
+    distillation teacher, a megatron reward model): their layout keys are read only where the model is
+    there, and t_F * p_F divides the pool's t * p * d ranks; where config.json is readable here (else
+    the ranks check it before loading a weight, hpcrl.rl.roles), a model that layout divides and that
+    reads the policy's token ids with the same vocabulary."""
+    out = _unread_layout_keys(cfg)
     student, _ = _model_dims(cfg.model)
-    try:
-        layout = ParallelLayout.from_config(replace(cfg.parallel, rollout_tensor=1, rollout_pipeline=1))
-    except ConfigError:
-        layout = None  # the policy's layout rules report it
-    frozen = (
-        ("algorithm.teacher_path", "teacher", teacher_model(cfg.algorithm, cfg.model)),
-        ("reward.model_path", "reward model", megatron_reward_model(cfg.reward, cfg.model)),
-    )
-    for key, who, model in frozen:
-        if model is not None:
-            out += [(key, m) for m in _frozen_model_problems(model, who, student, layout)]
+    ranks = cfg.parallel.world_size
+    for frozen in frozen_models(cfg):
+        t_key, p_key = frozen.layout_keys
+        bad = [
+            (k, v) for k, v in zip(frozen.layout_keys, (frozen.tensor, frozen.pipeline), strict=True) if v < 1
+        ]
+        out += [(k, f"must be >= 1, got {v}") for k, v in bad]
+        if bad:
+            continue
+        if ranks % (frozen.tensor * frozen.pipeline):
+            message = (
+                f"the {frozen.who}'s t*p = {frozen.tensor}*{frozen.pipeline} does not divide the "
+                f"{ranks} ranks of its pool (parallel.tensor * pipeline * data)"
+            )
+            out.append((t_key, message))
+            continue
+        layout = ParallelLayout(tensor=frozen.tensor, pipeline=frozen.pipeline, data=frozen.data(ranks))
+        out += [
+            (frozen.path_key, m) for m in _frozen_model_problems(frozen.model, frozen.who, student, layout)
+        ]
     return out
+
+
+def _unread_layout_keys(cfg: ExperimentConfig) -> list[tuple[str, str]]:
+    """A frozen model's layout key set where that model is not in the job (it would be ignored)."""
+    present = {f.role for f in frozen_models(cfg)}
+    algo, reward = cfg.algorithm, cfg.reward
+    keys = (
+        ("teacher", "algorithm.teacher_tensor", algo.teacher_tensor, "algorithm.name: distill"),
+        ("teacher", "algorithm.teacher_pipeline", algo.teacher_pipeline, "algorithm.name: distill"),
+        ("reward", "reward.model_tensor", reward.model_tensor, "reward.model_backend: megatron"),
+        ("reward", "reward.model_pipeline", reward.model_pipeline, "reward.model_backend: megatron"),
+    )
+    return [
+        (key, f"only {who} reads it (this job has no such model)")
+        for role, key, value, who in keys
+        if value is not None and role not in present
+    ]
 
 
 def _frozen_model_problems(model: ModelConfig, who: str, student, layout) -> list[str]:

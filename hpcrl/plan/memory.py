@@ -27,13 +27,12 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from hpcrl.algorithm.registry import ALGORITHMS
-from hpcrl.algorithm.teacher import teacher_model
 from hpcrl.distributed.placement import placement_of
 from hpcrl.errors import ConfigError, Problem
+from hpcrl.experiment.frozen_models import FrozenModel, frozen_models
 from hpcrl.experiment.rules import gpus_per_node
 from hpcrl.plan import formulas as fm
 from hpcrl.plan.capacity import Capacity, device_capacity
-from hpcrl.rewards.terms import megatron_reward_model
 from hpcrl.rollout.engine_rule import ENGINES, EngineFacts, resolve_engine, sleeps_between_steps
 from hpcrl.train.config import ModelConfig
 from hpcrl.train.hf_config import ModelDimsUnavailable as ModelDimsUnavailable  # submit's name
@@ -144,15 +143,13 @@ def dims_of(cfg: ExperimentConfig) -> fm.Dims:
     return model_dims(cfg.model)
 
 
-def frozen_dims(model: ModelConfig | None, key: str, who: str) -> fm.Dims | None:
+def frozen_dims(frozen: FrozenModel) -> fm.Dims:
     """A frozen model's dims from its own config.json, which must be readable here (it has no template
-    fields to plan from): the distillation teacher, a megatron reward model; None without one."""
-    if model is None:
-        return None
+    fields to plan from): the distillation teacher, a megatron reward model."""
     try:
-        return model_dims(model)
+        return model_dims(frozen.model)
     except ConfigError as err:
-        problems = [Problem(f"the {who}: {p.message}", p.file, key) for p in err.problems]
+        problems = [Problem(f"the {frozen.who}: {p.message}", p.file, frozen.path_key) for p in err.problems]
         raise type(err)(problems) from err
 
 
@@ -212,14 +209,10 @@ def predict(cfg: ExperimentConfig, *, host_bytes: float | None = None) -> Memory
     if cfg.algorithm.kl_coef > 0:
         ref = Component("reference params", PERSISTENT, actor.total * e, f"{actor.total:,} params × {e} B")
         add(replace(ref, pool=models_pool))
-    frozen = (  # in the policy's dtype, at the training layout
-        ("teacher", False, frozen_dims(teacher_model(cfg.algorithm, cfg.model), "algorithm.teacher_path", "teacher")),
-        ("reward model", True, frozen_dims(megatron_reward_model(cfg.reward, cfg.model), "reward.model_path", "reward model")),
-    )  # fmt: skip
-    for who, scalar, dims_of_model in frozen:
-        if dims_of_model is not None:
-            params = fm.rank_params(dims_of_model, par.tensor, par.pipeline, value_head=scalar).total
-            add(Component(f"{who} params", PERSISTENT, params * e, f"{params:,} params × {e} B", models_pool))
+    for f in frozen_models(cfg):  # in the policy's dtype, at their layout (hpcrl.experiment.frozen_models)
+        params = fm.rank_params(frozen_dims(f), f.tensor, f.pipeline, value_head=f.scalar_head).total
+        formula = f"{params:,} params × {e} B at t={f.tensor}, p={f.pipeline}"
+        add(Component(f"{f.who} params", PERSISTENT, params * e, formula, models_pool))
     train = _train_phase(cfg, dims, e)
     for c in train:
         add(replace(c, pool=actor_pool))

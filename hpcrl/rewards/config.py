@@ -18,9 +18,15 @@ class RewardConfig:
     model_backend: Literal["hf", "megatron"] = "hf"
     """Where the reward model runs. hf: transformers on every rank, scoring the decoded text. megatron: a
     megatron-core GPTModel with its scalar head (loaded from `model_path`'s score.weight), a frozen model
-    role of the learner's pools at the training layout - the training ranks (colocated) or the split
-    placement's models pool, beside the reference and critic (hpcrl.rl.roles); not on the async
-    placement, whose rollout pool scores."""
+    role on the training ranks (colocated) or the split placement's models pool, beside the reference and
+    critic, at the policy's layout or its own (model_tensor, model_pipeline; hpcrl.rl.roles); not on the
+    async placement, whose rollout pool scores."""
+    model_tensor: int | None = None
+    """model_backend megatron: the reward model's tensor-parallel size (null: the policy's
+    parallel.tensor); with model_pipeline it runs at a layout of its own on its pool's ranks,
+    data-parallel over the rest (t_R * p_R must divide the pool's ranks, the policy's t * p * d)."""
+    model_pipeline: int | None = None
+    """model_backend megatron: the reward model's pipeline-parallel size (null: parallel.pipeline)."""
     function: str | None = None
     """A reward of your own, replacing `name`: 'path/to/file.py:function' (relative to the template that
     sets it) or 'package.module:function', called per batch as function(prompts, responses, answers,

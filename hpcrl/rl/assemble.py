@@ -296,11 +296,19 @@ def _bucket_bytes(p) -> int:
 
 
 def _build_model_pool(cfg: ExperimentConfig, pool: Pool, groups) -> ModelRoles:
-    """The reference, critic and teacher worker groups on the models pool (hpcrl.rl.roles)."""
+    """The reference, critic, teacher and reward-model worker groups on the models pool (hpcrl.rl.roles);
+    collective (a frozen model at a layout of its own gets its process groups here, on every rank)."""
 
     def worker(trainer):
         return TrainerWorker(
             trainer, cfg.optim.micro_batch_size, pool, balance_tokens=cfg.optim.balance_dp_tokens
         )
 
-    return build_model_roles(cfg, groups, worker, _temperature(cfg))
+    def own_groups(frozen):  # on the models pool's ranks
+        p = cfg.parallel
+        data = frozen.data(p.world_size)
+        return build_train_groups(
+            frozen.tensor, frozen.pipeline, data, rank_offset=pool.start, timeout_s=p.timeout_s
+        )
+
+    return build_model_roles(cfg, groups, worker, _temperature(cfg), own_groups)

@@ -26,6 +26,7 @@ from hpcrl.distributed.groups import new_group
 from hpcrl.distributed.layout import ParallelLayout
 from hpcrl.errors import Problem
 from hpcrl.experiment.config import ExperimentConfig
+from hpcrl.experiment.frozen_models import frozen_models
 from hpcrl.reshard.build import model_param_metas
 from hpcrl.reshard.cross_pool import plan_cross_pool
 from hpcrl.reshard.cross_pool_transfer import CrossPoolTransfer
@@ -106,6 +107,9 @@ class AsyncGroups:
     """First rollout rank + the training ranks (the batch channel)."""
     transfer: object | None
     """This rank's CrossPoolTransfer."""
+    frozen: dict[str, object | None]
+    """TrainGroups of each frozen model at a layout of its own, by role (hpcrl.experiment.frozen_models;
+    the training ranks)."""
 
     @classmethod
     def build(
@@ -120,6 +124,13 @@ class AsyncGroups:
             engine = build_train_groups(
                 gl.tensor, gl.pipeline, gl.data, rank_offset=pools.rollout.start, timeout_s=timeout
             )
+        frozen = {
+            f.role: build_train_groups(
+                f.tensor, f.pipeline, f.data(tl.world_size), rank_offset=0, timeout_s=timeout
+            )
+            for f in frozen_models(cfg)
+            if f.own_layout(cfg)
+        }
         gather = new_group(pools.rollout_ranks, timeout) if pools.rollout.size > 1 else None
         channel = new_group([pools.rollout.start, *pools.train_ranks], timeout)
         plan = plan_cross_pool(
@@ -137,6 +148,7 @@ class AsyncGroups:
             rollout_gather=gather if in_rollout else None,
             channel=channel if rank in pools.train or rank == pools.rollout.start else None,
             transfer=transfer,
+            frozen=frozen,
         )
 
 
@@ -148,7 +160,11 @@ def build_training_side(cfg: ExperimentConfig, groups: AsyncGroups) -> tuple[Mod
     temperature = cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
     trainer = build_policy_trainer(cfg.model, cfg.optim, g, temperature=temperature)
     roles = build_model_roles(
-        cfg, g, lambda model: TrainerWorker(model, mbs, balance_tokens=balance), temperature
+        cfg,
+        g,
+        lambda model: TrainerWorker(model, mbs, balance_tokens=balance),
+        temperature,
+        lambda frozen: groups.frozen[frozen.role],
     )
 
     def params():

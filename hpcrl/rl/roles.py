@@ -3,7 +3,8 @@
 model when it runs in megatron (`reward.model_backend: megatron`; the Collector scores with it).
 
 Every placement builds them through `build_model_roles` on the pool that hosts them (colocated: every
-rank; split: the models pool; async: the training pool), so a new role is added here once.
+rank; split: the models pool; async: the training pool), so a new role is added here once. The teacher
+and the reward model may run at a layout of their own on that pool (hpcrl.experiment.frozen_models).
 """
 
 from __future__ import annotations
@@ -12,10 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from hpcrl.algorithm.registry import ALGORITHMS
-from hpcrl.algorithm.teacher import teacher_model
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.config import ExperimentConfig
-from hpcrl.rewards.terms import megatron_reward_model
+from hpcrl.experiment.frozen_models import FrozenModel, frozen_models
 from hpcrl.rl.learner import Models
 from hpcrl.rl.workers import ActorWorker, TrainerWorker
 from hpcrl.train.trainer import Trainer, build_policy_trainer, build_reward_trainer, build_value_trainer
@@ -36,9 +36,17 @@ class ModelRoles:
         return Models(actor, self.reference, self.critic, self.teacher)
 
 
-def build_model_roles(cfg: ExperimentConfig, groups, worker: WorkerOf, temperature: float) -> ModelRoles:
-    """The reference, critic and teacher workers this config's algorithm has (None for the others), on
-    `groups` (None: this rank is outside the pool and holds stand-ins without a trainer)."""
+def build_model_roles(
+    cfg: ExperimentConfig,
+    groups,
+    worker: WorkerOf,
+    temperature: float,
+    own_groups: Callable[[FrozenModel], object],
+) -> ModelRoles:
+    """The reference, critic, teacher and reward-model workers this config has (None for the others), on
+    `groups` (None: this rank is outside the pool and holds stand-ins without a trainer); a frozen model
+    at a layout of its own on `own_groups(frozen)` (hpcrl.experiment.frozen_models), which every rank
+    calls in this order (new process groups are collective)."""
     member = groups is not None
     roles = ModelRoles()
     if cfg.algorithm.kl_coef > 0:
@@ -46,22 +54,23 @@ def build_model_roles(cfg: ExperimentConfig, groups, worker: WorkerOf, temperatu
         roles.reference = worker(trainer)
     if ALGORITHMS[cfg.algorithm.name].needs_critic:
         roles.critic = worker(build_value_trainer(cfg.model, cfg.optim, groups) if member else None)
-    teacher_cfg = teacher_model(cfg.algorithm, cfg.model)
-    if teacher_cfg is not None:
-        trainer = build_policy_trainer(teacher_cfg, None, groups, temperature=temperature) if member else None
-        if trainer is not None:
-            _check_vocabulary(trainer, cfg)
-        roles.teacher = worker(trainer)
-    reward_cfg = megatron_reward_model(cfg.reward, cfg.model)
-    if reward_cfg is not None:
-        roles.reward = worker(build_reward_trainer(reward_cfg, None, groups) if member else None)
+    for frozen in frozen_models(cfg):
+        its_groups = own_groups(frozen) if frozen.own_layout(cfg) else groups
+        trainer = None
+        if its_groups is not None and frozen.scalar_head:
+            trainer = build_reward_trainer(frozen.model, None, its_groups)
+        elif its_groups is not None:
+            trainer = build_policy_trainer(frozen.model, None, its_groups, temperature=temperature)
+        setattr(roles, frozen.role, worker(_same_vocabulary(trainer, cfg, frozen.path_key, frozen.who)))
     return roles
 
 
-def _check_vocabulary(teacher: Trainer, cfg: ExperimentConfig) -> None:
-    """The teacher scores the student's token ids: one vocabulary (expand checks it where config.json is
-    readable; this is the ranks' check for a path that exists only on the cluster)."""
-    student = cfg.model.vocab_size
-    if student is not None and teacher.model_cfg.vocab_size != student:
-        message = f"the teacher's vocab_size {teacher.model_cfg.vocab_size} is not the student's {student}"
-        raise ConfigError(Problem(message, cfg.algorithm.teacher_path, "algorithm.teacher_path"))
+def _same_vocabulary(frozen: Trainer | None, cfg: ExperimentConfig, key: str, who: str) -> Trainer | None:
+    """`frozen`, which reads the policy's token ids, after checking it has the policy's vocabulary (expand
+    checks it where config.json is readable; this is the ranks' check for a path that exists only on the
+    cluster)."""
+    policy = cfg.model.vocab_size
+    if frozen is not None and policy is not None and frozen.model_cfg.vocab_size != policy:
+        message = f"the {who}'s vocab_size {frozen.model_cfg.vocab_size} is not the policy's {policy}"
+        raise ConfigError(Problem(message, frozen.model_cfg.hf_path, key))
+    return frozen

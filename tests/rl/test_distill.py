@@ -150,3 +150,96 @@ def test_plan_counts_the_teacher_on_the_models_pool(tmp_path, capsys):
     assert components["teacher params"]["bytes"] == 4 * (2 * 16 * 128 + 2 * layer + 128)
     code, _, err = run_cli(capsys, "plan", DISTILL, f"--algorithm.teacher_path={tmp_path}/absent")
     assert code == 2 and "algorithm.teacher_path" in err and "the teacher" in err, err
+
+
+def test_the_ranks_refuse_a_frozen_model_of_another_vocabulary():
+    """The ranks' own check (a teacher path that exists only on the cluster passes expand unread): a
+    frozen model whose vocabulary is not the policy's is a ConfigError naming its key and directory."""
+    from types import SimpleNamespace
+
+    from hpcrl.errors import ConfigError
+    from hpcrl.experiment.config import ExperimentConfig
+    from hpcrl.rl.roles import _same_vocabulary
+
+    cfg = ExperimentConfig()  # the tiny model: vocab_size 32
+    same = SimpleNamespace(model_cfg=SimpleNamespace(vocab_size=32, hf_path="/cluster/teacher"))
+    assert _same_vocabulary(same, cfg, "algorithm.teacher_path", "teacher") is same
+    other = SimpleNamespace(model_cfg=SimpleNamespace(vocab_size=48, hf_path="/cluster/teacher"))
+    with pytest.raises(ConfigError, match="the teacher's vocab_size 48 is not the policy's 32") as err:
+        _same_vocabulary(other, cfg, "algorithm.teacher_path", "teacher")
+    assert err.value.problems[0].key == "algorithm.teacher_path"
+    assert err.value.problems[0].file == "/cluster/teacher"
+
+
+def _distill_rows(teacher: Path, root: Path, capsys, *extra: str) -> list[dict]:
+    argv = ["run", DISTILL, f"--run_root={root}", f"--algorithm.teacher_path={teacher}", *QUIET]
+    argv += ["--algorithm.steps=3", "--algorithm.eval_every=0", "--checkpoint.save_on_exit=false"]
+    code, _, err = run_cli(capsys, *argv, "--cluster.tasks_per_node=2", *extra)
+    assert code == 0, err
+    [metrics] = list(root.glob("*/*/metrics.jsonl"))
+    return [r for r in read_jsonl(metrics) if "distill/reverse_kl" in r]
+
+
+@pytest.mark.slow
+def test_the_teacher_at_a_layout_of_its_own_scores_as_at_the_policys(teacher, tmp_path, capsys):
+    """The policy at t=2 on 2 ranks; the teacher at the policy's layout, at t=1 (d=2 replicas) and at p=2
+    (its own process groups on the same ranks): every step's reverse KL and the policy's update agree
+    within 1e-5."""
+    policy = ["--parallel.tensor=2"]
+    same = _distill_rows(teacher, tmp_path / "same", capsys, *policy)
+    replicas = _distill_rows(teacher, tmp_path / "t1", capsys, *policy, "--algorithm.teacher_tensor=1")
+    stages = _distill_rows(
+        teacher,
+        tmp_path / "p2",
+        capsys,
+        *policy,
+        "--algorithm.teacher_tensor=1",
+        "--algorithm.teacher_pipeline=2",
+    )
+    assert len(same) == 3
+    for other in (replicas, stages):
+        for a, b in zip(same, other, strict=True):
+            for key in ("distill/reverse_kl", "actor/grad_norm", "reward/mean"):
+                assert b[key] == pytest.approx(a[key], abs=1e-5), (key, a[key], b[key])
+
+
+@pytest.mark.parametrize(
+    ("args", "key", "says"),
+    [
+        (["--algorithm.teacher_tensor=3"], "algorithm.teacher_tensor", "does not divide the 2 ranks"),
+        (["--algorithm.teacher_tensor=0"], "algorithm.teacher_tensor", "must be >= 1, got 0"),
+        (["--algorithm.teacher_pipeline=-1"], "algorithm.teacher_pipeline", "must be >= 1, got -1"),
+        (["--algorithm.name=grpo", "--algorithm.teacher_path=null", "--algorithm.teacher_tensor=1"],
+         "algorithm.teacher_tensor", "only algorithm.name: distill reads it"),
+        (["--reward.model_tensor=2"], "reward.model_tensor", "only reward.model_backend: megatron reads it"),
+        (["--algorithm.teacher_tensor=2", "--algorithm.teacher_path={odd}"], "algorithm.teacher_path",
+         "the teacher's model.num_query_groups: rule kv_heads % t == 0"),
+    ],
+)  # fmt: skip
+def test_expand_checks_a_frozen_models_own_layout(tmp_path, capsys, args, key, says):
+    """On 2 ranks (t=1, d=2): each is exit 2 naming the key, nothing written."""
+    dirs = {
+        "teacher": _teacher_dir(tmp_path / "a"),
+        "odd": _teacher_dir(tmp_path / "b", num_key_value_heads=1),
+    }
+    argv = [a.format(**dirs) for a in ["--algorithm.teacher_path={teacher}", *args]]
+    two = ["--parallel.data=2", "--cluster.tasks_per_node=2"]
+    code, _, err = run_cli(capsys, "expand", DISTILL, f"--run_root={tmp_path}/runs", *two, *argv)
+    assert code == 2 and f"{key}: " in err and says in err, err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_plan_sizes_the_teacher_at_its_own_layout(tmp_path, capsys):
+    """The policy at t=2; the teacher at t=2 holds its TP shard, at t=1 all of it."""
+    teacher_dir = _teacher_dir(tmp_path)
+    sizes = {}
+    for t in (1, 2):
+        code, out, err = run_cli(
+            capsys, "plan", DISTILL, f"--algorithm.teacher_path={teacher_dir}", "--parallel.tensor=2",
+            "--cluster.tasks_per_node=2", f"--algorithm.teacher_tensor={t}", "--json",
+        )  # fmt: skip
+        assert code == 0, err
+        [teacher] = [c for c in json.loads(out)["components"] if c["name"] == "teacher params"]
+        assert f"at t={t}, p=1" in teacher["formula"]
+        sizes[t] = teacher["bytes"]
+    assert sizes[2] < sizes[1] < 2 * sizes[2] + 1  # embedding, layers and LM head split; norms replicated

@@ -168,6 +168,7 @@ def _rewards(run: Path) -> list[tuple]:
     return [(r["step"], r.get("reward/mean"), r.get("reward/heldout")) for r in rows]
 
 
+@pytest.mark.slow
 def test_the_reward_model_in_megatron_scores_as_transformers_colocated_and_split(rm_run, tmp_path):
     """ppo_tiny scored by the RM's export, 3 steps: reward.model_backend megatron (the RM a frozen
     scalar-head role at the training layout: the training rank, or the split placement's models pool)
@@ -227,3 +228,23 @@ def test_expand_checks_the_megatron_reward_model(tmp_path, capsys, args, key, sa
     assert code == 0, err
     components = {c["name"]: c["bytes"] for c in json.loads(out)["components"]}
     assert components["reward model params"] == components["critic params"]  # the same trunk and head
+
+
+@pytest.mark.slow
+def test_the_megatron_reward_model_at_its_own_layout(rm_run, tmp_path):
+    """ppo_tiny on 2 ranks at d=2; the reward model at t=2 (its own process groups on the same ranks):
+    every step's reward/mean and held-out reward equal the transformers scorer's within 1e-5."""
+    ppo = REPO / "templates" / "ppo_tiny.yaml"
+    base = {
+        "reward.name": "model", "reward.model_path": str(rm_run / "hf"), "algorithm.steps": 2,
+        "algorithm.eval_every": 2, "checkpoint.save_on_exit": False, "checkpoint.export_hf": False,
+        "logging.plot": False, "parallel.data": 2, "cluster.tasks_per_node": 2,
+    }  # fmt: skip
+    hf = _rewards(_run(ppo, tmp_path / "hf", **base))
+    own = {"reward.model_backend": "megatron", "reward.model_tensor": 2}
+    megatron = _rewards(_run(ppo, tmp_path / "t2", **base, **own))
+    assert [s for s, _, _ in megatron] == [s for s, _, _ in hf] == [0, 1, 2]
+    for (_, mean, held), (_, mean_hf, held_hf) in zip(megatron, hf, strict=True):
+        assert (mean is None) == (mean_hf is None) and (held is None) == (held_hf is None)
+        assert mean is None or mean == pytest.approx(mean_hf, abs=1e-5)
+        assert held is None or held == pytest.approx(held_hf, abs=1e-5)
