@@ -115,7 +115,7 @@ def _heldout(root: Path) -> list[tuple[int, float]]:
 def test_the_student_reaches_09_of_the_teachers_heldout_score(teacher, tmp_path, capsys, seed):
     """distill_tiny as its header says to run it: the teacher's own held-out score (the same greedy eval,
     the teacher as the policy: model.hf_path) against the student's, from random init (its own per seed),
-    200 steps."""
+    150 steps."""
     own = tmp_path / "own"
     argv = ["run", DISTILL, f"--run_root={own}", f"--model.hf_path={teacher}", "--algorithm.steps=1"]
     code, _, err = run_cli(capsys, *argv, f"--algorithm.teacher_path={teacher}", *QUIET)
