@@ -37,7 +37,9 @@ class AdvantageInputs:
     teacher_logprobs_BT: torch.Tensor | None = None
     """The frozen teacher's log-probs of the same tokens (distill)."""
     task_coef: float = AlgorithmConfig.distill_task_coef
+    """distill: the task score's weight on every token."""
     distill_whiten: bool = AlgorithmConfig.distill_whiten
+    """distill: whiten the per-token advantages over the batch."""
     gamma: float = AlgorithmConfig.gamma
     lam: float = AlgorithmConfig.lam
     norm_adv_by_std: bool = AlgorithmConfig.norm_adv_by_std
@@ -195,14 +197,15 @@ def reverse_kl_advantages(
     task_coef: float,
 ) -> torch.Tensor:
     """On-policy distillation (Agarwal et al. 2024, "On-Policy Distillation of Language Models", GKD
-    with λ = 1 and the reverse KL; Lu & Thinking Machines 2025, "On-Policy Distillation"; Qwen3 report
-    §4.4): the student samples y ~ π_θ and every sampled token is rewarded by the teacher,
+    with λ = 1 and the reverse KL; Lu & Thinking Machines Lab 2025, "On-Policy Distillation"; the Qwen3
+    technical report's strong-to-weak distillation): the student samples y ~ π_θ and every sampled token
+    is rewarded by the teacher,
       A_t = -(log π_θ(y_t | y_<t) - log π_T(y_t | y_<t)) + c · r(x, y),
     the negative per-token reverse KL (its single-sample k1 estimate) with discount 0 — each token's own
     term, as Thinking Machines' recipe — plus the task score r weighted by c (`distill_task_coef`) on every
     token. Minimising -A_t · log π_θ(y_t) over on-policy samples descends the reverse KL
-    KL(π_θ ‖ π_T) token by token. No whitening: the advantage's scale is the KL itself (zero once the
-    student matches the teacher)."""
+    KL(π_θ ‖ π_T) token by token. Returned raw (its scale is the KL itself, zero once the student matches
+    the teacher); the `distill` estimator whitens it over the batch unless `distill_whiten` is off."""
     return (teacher_logprobs_BT - logprobs_BT + task_coef * scores_B[:, None]) * mask_BT
 
 
