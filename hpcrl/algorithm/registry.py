@@ -126,12 +126,20 @@ def _online_rules(algo: AlgorithmConfig, spec: AlgorithmSpec, samples: int, max_
     ]
 
 
+def _loop_rules(section: str, steps: int, per_step_key: str, per_step: int, eval_every: int) -> list:
+    """The step loop's counts every offline stage has: its steps, what a step takes, its eval interval."""
+    return [
+        (f"{section}.steps", steps >= 1, f"must be >= 1, got {steps}"),
+        (f"{section}.{per_step_key}", per_step >= 1, f"must be >= 1, got {per_step}"),
+        (f"{section}.eval_every", eval_every >= 0, f"must be >= 0 (0: never), got {eval_every}"),
+    ]
+
+
 def dpo_problems(dpo: DPOConfig) -> list[Problem]:
     """Every problem of the DPO stage's own settings (hpcrl.experiment.stage_kinds adds those it shares
     with the batch: pairs per DP rank, whole pairs per micro-batch)."""
     rules = [
-        ("dpo.steps", dpo.steps >= 1, f"must be >= 1, got {dpo.steps}"),
-        ("dpo.pairs_per_step", dpo.pairs_per_step >= 1, f"must be >= 1, got {dpo.pairs_per_step}"),
+        *_loop_rules("dpo", dpo.steps, "pairs_per_step", dpo.pairs_per_step, dpo.eval_every),
         ("dpo.beta", 0 < dpo.beta < math.inf, f"must be a positive finite number, got {dpo.beta}"),
         *(
             (
@@ -141,26 +149,17 @@ def dpo_problems(dpo: DPOConfig) -> list[Problem]:
             )
             for key in ("desirable_weight", "undesirable_weight")
         ),
-        ("dpo.eval_every", dpo.eval_every >= 0, f"must be >= 0 (0: never), got {dpo.eval_every}"),
     ]
     return [Problem(message, key=key) for key, ok, message in rules if not ok]
 
 
 def sft_problems(sft: SFTConfig) -> list[Problem]:
     """Every problem of the SFT stage's own settings."""
-    rules = [
-        ("sft.steps", sft.steps >= 1, f"must be >= 1, got {sft.steps}"),
-        ("sft.examples_per_step", sft.examples_per_step >= 1, f"must be >= 1, got {sft.examples_per_step}"),
-        ("sft.eval_every", sft.eval_every >= 0, f"must be >= 0 (0: never), got {sft.eval_every}"),
-    ]
+    rules = _loop_rules("sft", sft.steps, "examples_per_step", sft.examples_per_step, sft.eval_every)
     return [Problem(message, key=key) for key, ok, message in rules if not ok]
 
 
 def rm_problems(rm: RMConfig) -> list[Problem]:
     """Every problem of the reward-model stage's own settings."""
-    rules = [
-        ("rm.steps", rm.steps >= 1, f"must be >= 1, got {rm.steps}"),
-        ("rm.pairs_per_step", rm.pairs_per_step >= 1, f"must be >= 1, got {rm.pairs_per_step}"),
-        ("rm.eval_every", rm.eval_every >= 0, f"must be >= 0 (0: never), got {rm.eval_every}"),
-    ]
+    rules = _loop_rules("rm", rm.steps, "pairs_per_step", rm.pairs_per_step, rm.eval_every)
     return [Problem(message, key=key) for key, ok, message in rules if not ok]
