@@ -1,15 +1,23 @@
 """The workload of the crash-consistency tests: a job that resumes as the RL job does (the newest
 checkpoint that verifies, damaged ones set aside) and then saves every step, until it is killed
-(`run_until_killed`, reporting each step it knows is committed on a pipe) or up to a step (`rerun`)."""
+(`run_until_killed`, reporting each step it knows is committed on a pipe) or up to a step (`rerun`).
+
+Where it is killed is chosen, not left to the clock: `kill_trial` names a pause point of the save
+protocol (`PAUSE_POINTS`) and the how-many-th call of it; the child freezes itself there (SIGSTOP, every
+thread at once, after reporting the root's listing at that moment) and the parent SIGKILLs it. Every kill
+therefore lands inside a save on any machine, however busy, and `inside_save` checks the listing shows it.
+"""
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import json
 import os
+import select
 import signal
 import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -73,33 +81,107 @@ def run_until_killed(root: Path, async_save: bool, report_fd: int) -> None:
             os.write(report_fd, f"{committed}\n".encode())
 
 
-def kill_trial(root: Path, async_save: bool, delay_s: float) -> dict:
-    """Fork a `run_until_killed` child, SIGKILL it after `delay_s`, return what it promised."""
+PAUSE_POINTS: dict[str, tuple[str, str]] = {
+    # label: (module, function) called at that moment of a save (looked up at call time, so patchable)
+    "rank file begun": ("hpcrl.ckpt.save", "write_rank_file"),
+    "rank file half written": ("hpcrl.ckpt.rankfile", "_pwrite_all"),
+    "rank file not yet fsynced": ("hpcrl.ckpt.rankfile", "fsync_file"),
+    "rank record": ("hpcrl.ckpt.save", "write_durable"),
+    "manifest written": ("hpcrl.ckpt.save", "fsync_dir"),
+    "commit rename": ("hpcrl.ckpt.save", "commit"),
+    "renamed, latest not moved": ("hpcrl.ckpt.commit", "publish"),
+    "latest moved, not verified": ("hpcrl.ckpt.save", "check_committed"),
+    "pruning old checkpoints": ("hpcrl.ckpt.commit", "_delete_all"),
+}
+"""The moments of one save (hpcrl.ckpt.save's sequence, commit.py's protocol) a trial can be killed at."""
+
+_TMP_POINTS = {"rank file begun", "rank file half written", "rank file not yet fsynced", "rank record"}
+_TMP_POINTS |= {"manifest written", "commit rename"}
+
+
+def inside_save(label: str, listing: list[str], latest: str | None) -> bool:
+    """Whether the root's `listing` (and `latest`'s text) at a pause at `label` shows a save in progress:
+    its tmp dir before the commit rename, a committed dir newer than `latest` before `latest` moves, the
+    new `latest` before verification, a trash dir while pruning."""
+    steps = [int(name[5:]) for name in listing if name.startswith("step_") and name[5:].isdigit()]
+    latest_step = int(latest[5:]) if latest else None
+    if label in _TMP_POINTS:
+        return any(".tmp-" in name for name in listing)
+    if label == "renamed, latest not moved":
+        return bool(steps) and (latest_step is None or max(steps) > latest_step)
+    if label == "latest moved, not verified":
+        return bool(steps) and latest_step == max(steps)
+    return any(".trash-" in name for name in listing)
+
+
+def _counts_as_call(label: str, args: tuple) -> bool:
+    """Calls that do something at that point (an empty prune list deletes nothing)."""
+    return label != "pruning old checkpoints" or bool(args[0])
+
+
+def _install_pause(root: Path, label: str, occurrence: int, report_fd: int) -> None:
+    """Make the `occurrence`-th call of `label`'s function freeze this process before it runs: report
+    the root's listing and `latest`, then SIGSTOP (all threads stop at once; the parent kills)."""
+    module_name, attr = PAUSE_POINTS[label]
+    module = importlib.import_module(module_name)
+    original: Callable = getattr(module, attr)
+    calls = itertools.count(1)
+
+    def paused(*args, **kwargs):
+        if _counts_as_call(label, args) and next(calls) == occurrence:
+            latest = root / "latest"
+            report = {
+                "paused": label,
+                "listing": sorted(os.listdir(root)),
+                "latest": latest.read_text().strip() if latest.is_file() else None,
+            }
+            os.write(report_fd, (json.dumps(report) + "\n").encode())
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return original(*args, **kwargs)
+
+    setattr(module, attr, paused)
+
+
+def kill_trial(root: Path, async_save: bool, label: str, occurrence: int, guard_s: float = 300.0) -> dict:
+    """Fork a `run_until_killed` child paused at the `occurrence`-th call of `label`, SIGKILL it there,
+    return what it promised and what the root held at the kill. `guard_s` only guards against a hang."""
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # child: never returns
         os.close(read_fd)
         try:
+            _install_pause(root, label, occurrence, write_fd)
             run_until_killed(root, async_save, write_fd)
         finally:
             os._exit(1)
     os.close(write_fd)
-    time.sleep(delay_s)
+    reported, pause, buffer = [], None, b""
+    while pause is None and select.select([read_fd], [], [], guard_s)[0]:
+        chunk = os.read(read_fd, 1 << 16)
+        if not chunk:  # the child exited without pausing
+            break
+        *lines, buffer = (buffer + chunk).split(b"\n")
+        for line in lines:
+            if line.startswith(b"{"):
+                pause = json.loads(line)
+            else:
+                reported.append(int(line))
     os.kill(pid, signal.SIGKILL)
     _, status = os.waitpid(pid, 0)
-    with os.fdopen(read_fd) as pipe:
-        reported = [int(line) for line in pipe.read().split()]
+    os.close(read_fd)
     killed = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
-    return {"promised": reported[-1] if reported else None, "killed": killed}
+    return {"promised": reported[-1] if reported else None, "killed": killed, "pause": pause}
 
 
 def zygote() -> None:
     """Fork server for the crash test: this fresh process has torch imported but never ran a parallel
     torch op, so its forked children do not inherit a dead OpenMP pool (forking the pytest process
-    itself deadlocks the child in its first torch op). Reads 'root async delay' lines, answers JSON."""
+    itself deadlocks the child in its first torch op). Reads JSON lines {root, async_save, label,
+    occurrence}, answers JSON."""
     for line in sys.stdin:
-        root, async_save, delay = line.split()
-        print(json.dumps(kill_trial(Path(root), async_save == "1", float(delay))), flush=True)
+        ask = json.loads(line)
+        result = kill_trial(Path(ask["root"]), ask["async_save"], ask["label"], ask["occurrence"])
+        print(json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
-"""Crash consistency: SIGKILL a saving process at random moments, many times, on one checkpoint root.
+"""Crash consistency: SIGKILL a saving process inside its saves, many times, on one checkpoint root.
 
 Each trial forks a child from a fork server (torch and h5py already imported there, so a trial costs
-milliseconds; see `_crashloop.zygote` for why not from pytest itself) that resumes
-from `latest` and saves every step until killed at a random moment. After every kill: `latest` fully
+milliseconds; see `_crashloop.zygote` for why not from pytest itself) that resumes from `latest` and
+saves every step until it is killed at a named moment of a save (`_crashloop.PAUSE_POINTS`: the child
+freezes itself there and is killed, so the kill lands inside a save however busy the machine is; each
+moment is hit at its 1st-3rd call, so at several steps). After every kill: `latest` fully
 verifies and loads, holds exactly the state of its step, and that step is at least the last one the
 child was told was committed (no trial loses more than the steps since the previous commit).
 A damaged `latest` (not a crash: a flipped bit) is set aside by the rerun that falls back past it, so
@@ -25,9 +27,9 @@ from hpcrl.ckpt.commit import REJECTED, committed, read_latest
 from hpcrl.ckpt.load import load_checkpoint
 from hpcrl.ckpt.manifest import read_manifest
 from hpcrl.ckpt.verify import dataset_ranges, verify_directory
-from tests.ckpt._crashloop import content, rerun, specs
+from tests.ckpt._crashloop import PAUSE_POINTS, content, inside_save, rerun, specs
 
-TRIALS = 50
+TRIALS = 54
 
 
 @pytest.fixture
@@ -44,11 +46,16 @@ def zygote():
     proc.wait(timeout=30)
 
 
-def _one_trial(zygote, root, async_save: bool, delay_s: float) -> int | None:
-    zygote.stdin.write(f"{root} {int(async_save)} {delay_s}\n")
+def _one_trial(zygote, root, async_save: bool, label: str, occurrence: int) -> int | None:
+    """Kill a saving child at the `occurrence`-th call of `label`; what it promised was committed."""
+    ask = {"root": str(root), "async_save": async_save, "label": label, "occurrence": occurrence}
+    zygote.stdin.write(json.dumps(ask) + "\n")
     zygote.stdin.flush()
     result = json.loads(zygote.stdout.readline())
     assert result["killed"], "the child died before the kill"
+    pause = result["pause"]
+    assert pause is not None and pause["paused"] == label, f"never reached {label!r} (call {occurrence})"
+    assert inside_save(label, pause["listing"], pause["latest"]), f"{label}: no save in {pause}"
     return result["promised"]
 
 
@@ -56,10 +63,11 @@ def _one_trial(zygote, root, async_save: bool, delay_s: float) -> int | None:
 @pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
 def test_sigkill_during_saves_never_breaks_latest(tmp_path, zygote, async_save):
     rng = random.Random(20261129 + async_save)
-    last_good, interrupted_saves = 0, 0
-    for trial in range(TRIALS):
-        promised = _one_trial(zygote, tmp_path, async_save, delay_s=rng.uniform(0.01, 0.35))
-        interrupted_saves += any(".tmp-" in p.name or ".trash-" in p.name for p in tmp_path.iterdir())
+    labels = list(PAUSE_POINTS) * (TRIALS // len(PAUSE_POINTS))
+    rng.shuffle(labels)
+    last_good = 0
+    for trial, label in enumerate(labels):
+        promised = _one_trial(zygote, tmp_path, async_save, label, occurrence=rng.randint(1, 3))
         latest = read_latest(tmp_path)
         if latest is None:
             assert promised is None and last_good == 0, f"trial {trial}: a commit was reported but no latest"
@@ -67,15 +75,15 @@ def test_sigkill_during_saves_never_breaks_latest(tmp_path, zygote, async_save):
         verify_directory(latest)
         loaded = load_checkpoint(tmp_path, specs())
         step = loaded.state.step
-        assert step >= max(promised or 0, last_good), f"trial {trial}: latest {step}, promised {promised}"
+        assert step >= max(promised or 0, last_good), (
+            f"trial {trial} ({label}): latest {step}, promised {promised}"
+        )
         for name, expected in content(step).items():
             assert torch.equal(loaded.tensors[name], expected), f"trial {trial}: {name} of step {step}"
         assert len(committed(tmp_path)) <= 3  # keep_last=2 (+1 if killed between commit and prune)
         assert not [p for p in tmp_path.iterdir() if REJECTED in p.name], f"trial {trial}: a resume fell back"
         last_good = step
-    # many kills must land inside a save (a tmp or trash dir left behind), else the test proves little;
-    # the others hit the resume at start-up or the commit's short rename/fsync phase
-    assert interrupted_saves >= TRIALS // 3, f"only {interrupted_saves} of {TRIALS} kills interrupted a save"
+    assert len(labels) == TRIALS and set(labels) == set(PAUSE_POINTS)  # every moment killed 6 times
     assert last_good >= 5, "the children made too little progress"
 
 
