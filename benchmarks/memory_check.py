@@ -3,7 +3,7 @@
     python -m benchmarks.memory_check --results-dir DIR [--template T.yaml] [--set key=value ...]
 
 One record per run: metric `actor_update_peak_bytes`, value = measured peak of live tensor bytes
-(torch memory profiler, hpcrl.plan.measure), baseline `planner_prediction` = MemoryPlan.actor_update_peak
+(torch memory profiler, hpcrl.plan.measure), baseline `planner_prediction` = MemoryPlan.update_peak
 (so ratio = measured / predicted; the goal is within 25%). `extra` holds the RSS-based cross-check
 (peak RSS minus the same process's RSS before the model was built) and every predicted component.
 With several TP/PP ranks the worst rank is recorded.
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         value=worst["tensor_peak_bytes"],
         unit="B",
         baseline_name="planner_prediction",
-        baseline_value=plan.actor_update_peak,
+        baseline_value=plan.update_peak,
         repetitions=len(ranks),
         samples=[r["tensor_peak_bytes"] for r in ranks],
         layout=plan.layout,
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             "rss_delta_bytes": max(r["rss_delta_bytes"] for r in ranks),
             "rss_steady_bytes": max(r.get("rss_steady_bytes", float("nan")) for r in ranks),
             "params_on_rank": worst["params_on_rank"],
-            "error_vs_prediction": worst["tensor_peak_bytes"] / plan.actor_update_peak - 1,
+            "error_vs_prediction": worst["tensor_peak_bytes"] / plan.update_peak - 1,
             "components": {c.name: c.bytes for c in plan.components},
             "overrides": args.set,
         },

@@ -32,6 +32,8 @@ local launcher records the end of a rank 0 that could not (`record_rank_0_end`: 
 
 Run as a module (`python -m hpcrl.launcher.element CONFIG RUN_DIR`) it is one rank of a local run: it
 records its error for the launcher (hpcrl.launcher.ranks.record_error) and exits 2 on a config error.
+With `--ranks W ...` it is the local element's rank server (hpcrl.launcher.rank_server), which forks the
+W ranks from itself, each running that same `main`.
 """
 
 from __future__ import annotations
@@ -261,5 +263,15 @@ def main(argv: list[str] | None = None) -> int:
     return 128 + lifecycle.interrupted_by if lifecycle.interrupted_by else 0
 
 
+def server_or_rank(argv: list[str]) -> int:
+    """`CONFIG RUN_DIR`: one rank; `CONFIG RUN_DIR --ranks W ...`: the element's rank server
+    (hpcrl.launcher.rank_server), which forks the W ranks from itself; each then runs `main`."""
+    if len(argv) == 2:
+        return main(argv)
+    from hpcrl.launcher.rank_server import serve
+
+    return serve(argv, main)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(server_or_rank(sys.argv[1:]))

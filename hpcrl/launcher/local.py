@@ -161,8 +161,8 @@ def cancel_local(sweep_dir: Path, index: int, config_path: str, run_dir: str) ->
 
 
 def runs_element(pgid: int, config_path: str, run_dir: str) -> bool:
-    """Whether process group `pgid` is led by this element's rank 0: its leader's command line is the
-    one hpcrl.launcher.ranks.start_ranks gave it (`-m hpcrl.launcher.element CONFIG RUN_DIR`). A pid
+    """Whether process group `pgid` is led by this element's rank server: its leader's command line is
+    the one hpcrl.launcher.ranks.start_ranks gave it (`-m hpcrl.launcher.element CONFIG RUN_DIR ...`). A pid
     reused by another program, or a number written into the state file by hand, has another command
     line (Linux: /proc; elsewhere nothing is signalled)."""
     try:
@@ -194,7 +194,7 @@ def _run_sweep(sweep_dir: Path, indices: list[int]) -> None:
             write_state(sweep_dir, entry.index, state="RUNNING", pgid=ranks.pgid, started=time.time())
             running[entry.index] = (ranks, log)
         for index, (ranks, log) in list(running.items()):
-            codes = [p.poll() for p in ranks.procs]
+            codes = ranks.returncodes()
             if all(c is not None for c in codes) or any(c not in (None, 0) for c in codes):
                 say = _log_writer(log)  # the launcher's report goes into the element's log
                 code = supervise(ranks, cfgs[index].cluster.stop_grace_s, say=say)

@@ -7,6 +7,8 @@ ranks saw them (so a test can prove env values arrive byte-exact and unevaluated
 
 Test knobs, read from the environment (set them through `cluster.env`):
   HPCRL_PROBE_SLEEP_S                      sleep this long after the collectives (cancel tests);
+  HPCRL_PROBE_WAIT_FOR                     a file path: after the collectives, wait until it exists
+                                           (a gate a test opens, so "not finished yet" is certain);
   HPCRL_PROBE_FAIL_FIRST_ATTEMPT_SEEDS     comma-separated seeds whose first attempt fails (resume tests).
 """
 
@@ -40,6 +42,7 @@ def main(cfg: ExperimentConfig, run_dir: Path, lifecycle: Lifecycle | None = Non
     dist.all_gather_object(nodes, os.environ.get("SLURMD_NODENAME") or socket.gethostname())
     _maybe_fail_first_attempt(cfg, run_dir, rank)
     time.sleep(float(os.environ.get("HPCRL_PROBE_SLEEP_S", "0")))
+    _wait_for_gate()
     result = {
         "world_size": world,
         "all_reduce": total.item(),
@@ -55,6 +58,12 @@ def main(cfg: ExperimentConfig, run_dir: Path, lifecycle: Lifecycle | None = Non
     if rank == 0:
         atomic_write(run_dir / RESULT, json.dumps(result, indent=1), fsync=False)
     return result
+
+
+def _wait_for_gate() -> None:
+    gate = os.environ.get("HPCRL_PROBE_WAIT_FOR")
+    while gate and not Path(gate).exists():  # no deadline: the test opens the gate or cancels the job
+        time.sleep(0.2)
 
 
 def _maybe_fail_first_attempt(cfg: ExperimentConfig, run_dir: Path, rank: int) -> None:

@@ -1,16 +1,18 @@
 """The rank processes of one local element, supervised as one job.
 
-- One process group per element (led by rank 0), so a stop reaches every rank and whatever a rank
-  started, and the terminal's Ctrl-C reaches only the launcher, which decides what the ranks get.
-- Ranks die with their launcher: each rank asks the kernel for SIGKILL when its parent dies
-  (prctl PR_SET_PDEATHSIG, set between fork and exec, inherited across exec). Chosen over a pipe the
-  ranks watch because the kernel delivers it whatever state the rank is in (inside a C collective
-  holding the GIL, or hung), with no thread or polling in the rank. The race "launcher died before the
+- The ranks are forked by the element's rank server (hpcrl.launcher.rank_server: torch and the
+  entrypoint imported once, not once per rank), which leads their process group, so a stop reaches
+  every rank and whatever a rank started, and the terminal's Ctrl-C reaches only the launcher, which
+  decides what the ranks get.
+- Ranks die with their launcher: the server asks the kernel for SIGKILL when the launcher dies, and each
+  rank when the server dies (prctl PR_SET_PDEATHSIG). Chosen over a pipe the ranks watch because the
+  kernel delivers it whatever state the rank is in (inside a C collective holding the GIL, or hung),
+  with no thread or polling in the rank. The race "launcher died before the
   prctl" is closed by checking the parent pid right after it. Caveat: the signal follows the *thread*
-  that forked the rank, so `start_ranks` must run on a thread that lives as long as the launcher (the
+  that forked the server, so `start_ranks` must run on a thread that lives as long as the launcher (the
   main thread in `hpcrl run` and in the sweep runner). Not on Linux: no such guard (a warning says so).
-- Every rank records the first line of its error in its own file (ERROR_FILE_ENV, written by
-  hpcrl.launcher.element), so the launcher can say which rank died, on which host, by which signal or
+- The server records each rank's pid and how it ended; every rank records the first line of its error
+  in its own file (ERROR_FILE_ENV, written by hpcrl.launcher.element), so the launcher can say which rank died, on which host, by which signal or
   exit code, and why, instead of the peers' "Connection reset by peer".
 
 `supervise` is the wait: when one rank ends badly, the others get `grace_s` to end on their own (they
@@ -40,6 +42,7 @@ from pathlib import Path
 from typing import IO
 
 from hpcrl.distributed.spawn import free_port
+from hpcrl.launcher.rank_server import START_ENV, end_path, pid_path, read_record
 
 ERROR_FILE_ENV = "HPCRL_ERROR_FILE"
 """Where a rank writes its error as JSON (rank, host, pid, error) before it exits non-zero."""
@@ -51,6 +54,8 @@ _PR_SET_PDEATHSIG = 1
 _ERROR_CHARS = 200
 """A recorded error line is cut here (gloo's run to 300 characters of advice)."""
 _POLL_S = 0.05
+_SERVER_EXIT_S = 30.0
+"""How long `Ranks.close` waits for the rank server to exit after its last rank (it only writes a file)."""
 
 
 @dataclass(frozen=True)
@@ -105,32 +110,51 @@ def forwarded_stops(signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) 
 
 
 class Ranks:
-    """The W rank processes of one element, in one process group led by rank 0."""
+    """The W rank processes of one element: forked by its rank server (hpcrl.launcher.rank_server), which
+    leads their process group and records how each ended."""
 
-    def __init__(self, procs: list[subprocess.Popen], error_dir: Path) -> None:
-        self.procs = procs
+    def __init__(self, server: subprocess.Popen, world: int, error_dir: Path) -> None:
+        self.server = server
+        self.world = world
         self.error_dir = error_dir
         self.host = socket.gethostname()
         self._ended: dict[int, RankEnd] = {}
 
     @property
     def pgid(self) -> int:
-        return self.procs[0].pid
+        return self.server.pid
+
+    def pids(self) -> list[int | None]:
+        """Each rank's pid, None before the server forked it."""
+        records = [read_record(pid_path(self.error_dir, rank)) for rank in range(self.world)]
+        return [None if r is None else r["pid"] for r in records]
 
     def running(self) -> bool:
-        return len(self._ended) < len(self.procs)
+        return len(self._ended) < self.world
 
     def end_of(self, rank: int) -> RankEnd | None:
         """How `rank` ended, once `reap` saw it end (None before)."""
         return self._ended.get(rank)
 
+    def returncodes(self) -> list[int | None]:
+        """Each rank's returncode as recorded so far (None: running); `reap` still reports them."""
+        server_code = self.server.poll()
+        codes = []
+        for rank in range(self.world):
+            record = read_record(end_path(self.error_dir, rank))
+            if record is None and server_code is not None:
+                record = read_record(end_path(self.error_dir, rank)) or {"returncode": server_code or 1}
+            codes.append(None if record is None else record["returncode"])
+        return codes
+
     def reap(self) -> list[RankEnd]:
         """Ranks that ended since the last call; of several, those killed by a signal first (a signal
-        death is a cause, a peer's error right after it is its effect), then by rank."""
+        death is a cause, a peer's error right after it is its effect), then by rank. A rank the server
+        never reported (it died: killed, or failed before forking) ended as the server did."""
         new = []
-        for rank, proc in enumerate(self.procs):
-            if rank not in self._ended and proc.poll() is not None:
-                self._ended[rank] = self._end_of(rank, proc)
+        for rank, code in enumerate(self.returncodes()):
+            if rank not in self._ended and code is not None:
+                self._ended[rank] = self._end_of(rank, code)
                 new.append(self._ended[rank])
         return sorted(new, key=lambda end: (end.returncode >= 0, end.rank))
 
@@ -139,17 +163,15 @@ class Ranks:
             os.killpg(self.pgid, sig)
 
     def close(self) -> None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.server.wait(timeout=_SERVER_EXIT_S)
         shutil.rmtree(self.error_dir, ignore_errors=True)
 
-    def _end_of(self, rank: int, proc: subprocess.Popen) -> RankEnd:
-        recorded = _read_error(self.error_dir / f"{rank}.json") if proc.returncode else {}
+    def _end_of(self, rank: int, code: int) -> RankEnd:
+        recorded = _read_error(self.error_dir / f"{rank}.json") if code else {}
+        pid = self.pids()[rank] or self.server.pid  # never forked: the server is who ended
         return RankEnd(
-            rank,
-            len(self.procs),
-            proc.pid,
-            str(recorded.get("host") or self.host),
-            proc.returncode,
-            recorded.get("error"),
+            rank, self.world, pid, str(recorded.get("host") or self.host), code, recorded.get("error")
         )
 
 
@@ -183,24 +205,24 @@ def rank_environ(rank: int, world: int, port: int, extra: dict[str, str], error_
 def start_ranks(
     config_path: str, run_dir: str, world: int, extra_env: dict[str, str], log: IO[bytes] | None
 ) -> Ranks:
-    """Start the W ranks of one element (`python -m hpcrl.launcher.element CONFIG RUN_DIR`)."""
+    """Start the W ranks of one element: its rank server (`python -m hpcrl.launcher.element CONFIG
+    RUN_DIR --ranks W ...`, hpcrl.launcher.rank_server) imports torch and the entrypoint once and forks
+    them."""
 
     port = free_port()
     error_dir = Path(tempfile.mkdtemp(prefix="hpcrl-ranks-"))
-    preexec = _die_with_launcher()
-    procs: list[subprocess.Popen] = []
-    for rank in range(world):
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "hpcrl.launcher.element", config_path, run_dir],
-                env=rank_environ(rank, world, port, extra_env, error_dir / f"{rank}.json"),
-                stdout=log,
-                stderr=subprocess.STDOUT if log is not None else None,
-                process_group=0 if rank == 0 else procs[0].pid,
-                preexec_fn=preexec,
-            )
-        )
-    return Ranks(procs, error_dir)
+    argv = [sys.executable, "-m", "hpcrl.launcher.element", config_path, run_dir]
+    argv += ["--ranks", str(world), "--port", str(port), "--ends", str(error_dir)]
+    argv += ["--start", os.environ.get(START_ENV) or "fork"]
+    server = subprocess.Popen(
+        argv,
+        env={**os.environ, **extra_env},
+        stdout=log,
+        stderr=subprocess.STDOUT if log is not None else None,
+        process_group=0,
+        preexec_fn=_die_with_launcher(),
+    )
+    return Ranks(server, world, error_dir)
 
 
 def _die_with_launcher() -> Callable[[], None] | None:

@@ -5,13 +5,17 @@ step deterministic goes through the checkpoint — parameters, AdamW state, the 
 the per-epoch shuffle is derived from seed + epoch), python/numpy/torch RNG states — and the metrics
 log is cut back to the resumed step, so every step is logged exactly once.
 
-    python -m tests.ckpt._exactly_once ROOT METRICS STEPS EVERY
+    python -m tests.ckpt._exactly_once ROOT METRICS STEPS EVERY [HOLD]
+
+HOLD: the run freezes itself (SIGSTOP) before that step, so a run its test kills can never end first.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
 import sys
 from pathlib import Path
 
@@ -71,7 +75,7 @@ def _batch(cursor: dict, prompts: torch.Tensor) -> tuple[torch.Tensor, dict]:
     return prompts[rows], {"epoch": epoch, "index": index}
 
 
-def main(root: str, metrics_path: str, steps: int, every: int) -> None:
+def main(root: str, metrics_path: str, steps: int, every: int, hold: int | None = None) -> None:
     torch.manual_seed(SEED), np.random.seed(SEED), random.seed(SEED)
     prompts = torch.randn(NUM_PROMPTS, FEATURES, generator=torch.Generator().manual_seed(0))
     model = torch.nn.Linear(FEATURES, ACTIONS)
@@ -88,6 +92,8 @@ def main(root: str, metrics_path: str, steps: int, every: int) -> None:
     cursor = state.data_cursor
     with metrics.open("a") as log:
         for step in range(state.step + 1, steps + 1):
+            if step == hold:
+                os.kill(os.getpid(), signal.SIGSTOP)  # all threads stop here until the test's SIGKILL
             x, cursor = _batch(cursor, prompts)
             logits = model(x)
             actions = torch.multinomial(torch.softmax(logits, -1), 1).squeeze(1)  # torch RNG
@@ -108,4 +114,4 @@ def main(root: str, metrics_path: str, steps: int, every: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), *map(int, sys.argv[5:6]))

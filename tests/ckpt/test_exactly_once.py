@@ -11,7 +11,6 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -20,14 +19,16 @@ import torch
 from hpcrl.ckpt.load import load_checkpoint
 from hpcrl.ckpt.manifest import read_manifest
 from hpcrl.ckpt.shards import ShardSpec
+from tests.waiting import wait_until
 
 STEPS, EVERY = 40, 4
 REPO = Path(__file__).parents[2]
 
 
-def _run(root: Path, metrics: Path) -> subprocess.Popen:
+def _run(root: Path, metrics: Path, *hold: int) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.ckpt._exactly_once", str(root), str(metrics), str(STEPS), str(EVERY)],
+        [sys.executable, "-m", "tests.ckpt._exactly_once", str(root), str(metrics), str(STEPS), str(EVERY)]
+        + [str(step) for step in hold],
         cwd=REPO,
     )
 
@@ -49,19 +50,20 @@ def _lines_seen(metrics: Path) -> int:
 @pytest.mark.slow
 def test_sigkill_at_a_random_step_then_resume_is_bitwise_identical(tmp_path):
     reference_root, reference_log = tmp_path / "ref", tmp_path / "ref.jsonl"
-    assert _run(reference_root, reference_log).wait(timeout=120) == 0
+    assert _run(reference_root, reference_log).wait(timeout=300) == 0
 
     kill_after = random.Random(7).randint(EVERY + 1, STEPS - EVERY)
     root, log = tmp_path / "run", tmp_path / "run.jsonl"
-    proc = _run(root, log)
-    deadline = time.monotonic() + 120
-    while _lines_seen(log) < kill_after and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.002)
+    # the victim freezes itself before its last step: however late the kill, the run has not ended
+    proc = _run(root, log, STEPS)
+    wait_until(
+        lambda: _lines_seen(log) >= kill_after or proc.poll() is not None, 120, f"{kill_after} steps", 0.002
+    )
     proc.send_signal(signal.SIGKILL)
-    assert proc.wait(timeout=30) == -signal.SIGKILL, "the run ended before it could be killed"
+    assert proc.wait(timeout=120) == -signal.SIGKILL, "the run ended before it could be killed"
     killed_at = _lines_seen(log)
     assert killed_at < STEPS
-    assert _run(root, log).wait(timeout=120) == 0
+    assert _run(root, log).wait(timeout=300) == 0
 
     assert log.read_text() == reference_log.read_text()  # every step once, losses bitwise (float.hex)
     expected, got = _final(reference_root), _final(root)

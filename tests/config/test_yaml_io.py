@@ -3,8 +3,6 @@ config emitter (round trip through the strict loader)."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -53,13 +51,13 @@ def _laughs(levels: int = 9) -> str:
     return "\n".join(lines) + "\n"
 
 
+@pytest.mark.timeout(60)  # walking 10^9 nodes could never finish in time: the guard is the "at once"
 def test_alias_expansion_is_capped_before_anything_walks_it():
     """A billion laughs (10^9 nodes from a few hundred bytes) is refused at load, at once; a recursive
     alias too; a few shared anchors and merge keys still load."""
-    start = time.monotonic()
     with pytest.raises(ConfigError, match="YAML aliases expand to more than 1,000,000 nodes") as err:
         loads_yaml(_laughs(), "laughs.yaml")
-    assert time.monotonic() - start < 1 and len(str(err.value)) < 200
+    assert len(str(err.value)) < 200
     with pytest.raises(ConfigError, match="a YAML alias refers to a node that contains it"):
         loads_yaml("a: &a [1, *a]")
     assert loads_yaml(_laughs(5))["a4"][9][9][9][9][9] == "lol"  # 10^5 expanded nodes: fine

@@ -145,7 +145,7 @@ def test_node_addr_is_parsed_from_scontrol_show_node():
 def test_single_process_group_needs_no_port():
     import torch.distributed as dist
 
-    group = init_process_group(DistEnv.from_environ({}), backend="auto", timeout_s=30)
+    group = init_process_group(DistEnv.from_environ({}), backend="auto", timeout_s=120)
     try:
         assert resolve_backend("auto") == "gloo"  # this CPU machine
         assert dist.get_world_size(group) == 1

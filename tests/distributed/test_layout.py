@@ -130,7 +130,7 @@ def _groups_rank(rank: int, world_size: int) -> dict:
     import torch.distributed as dist
 
     layout = ParallelLayout(tensor=2, pipeline=2, rollout_tensor=1, rollout_pipeline=1)
-    groups = create_groups(layout, timeout_s=30)
+    groups = create_groups(layout, timeout_s=120)  # a guard: 4 ranks on a busy machine
     out = {}
     for family, group in groups.items():
         value = torch.tensor([float(rank)])

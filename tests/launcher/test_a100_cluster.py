@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ from hpcrl import cli
 from hpcrl.config.yaml_io import load_yaml
 from hpcrl.experiment.elements import config_id
 from hpcrl.launcher.manifest import load_manifest
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slurm
 REPO = Path(__file__).resolve().parents[2]
@@ -109,18 +109,16 @@ def test_without_accounting_a_failure_shows_its_reason_and_resume_reruns_it(a100
     assert result["config_id"] == entry.config_id
 
 
-def wait_final(sweep_dir: Path, capsys, timeout_s: float = 90) -> dict:
-    """The element's status once it left PENDING/RUNNING (the only one of the sweep)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+def wait_final(sweep_dir: Path, capsys, timeout_s: float = 300) -> dict:
+    """The element's status once it left PENDING/RUNNING (the only one of the sweep); `timeout_s` a guard."""
+
+    def final() -> dict | None:
         code, out, _ = run_cli(capsys, "status", sweep_dir, "--json")
         assert code == 0
         element = json.loads(out)["elements"][0]
-        if element["state"] not in ("PENDING", "RUNNING", "COMPLETING", "REQUEUED"):
-            return element
-        if time.monotonic() > deadline:
-            raise AssertionError(f"still {element} after {timeout_s}s")
-        time.sleep(1)
+        return None if element["state"] in ("PENDING", "RUNNING", "COMPLETING", "REQUEUED") else element
+
+    return wait_until(final, timeout_s, "the element to leave PENDING/RUNNING", poll_s=1)
 
 
 def test_the_cluster_scripts_are_safe_to_call_twice(a100_cluster):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -301,25 +300,24 @@ def test_an_unwritable_run_root_is_exit_2_naming_it(home, capsys):
     assert code == 2 and f"run_root: lies under '{home / 'file'}', a file" in err and "Traceback" not in err
 
 
-def test_a_billion_laughs_sweep_axis_is_exit_2_fast_and_short(home, capsys):
+@pytest.mark.timeout(60)  # expanding 10^9 nodes could never finish in time: the guard is the "before"
+def test_a_billion_laughs_sweep_axis_is_exit_2_before_expanding_and_short(home, capsys):
     """Was exit 2 after printing 312 MB of error text."""
     levels = ['  a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
     for i in range(1, 9):
         levels.append(f"  a{i}: &a{i} [{','.join([f'*a{i - 1}'] * 10)}]")
     t = write(home / "t.yaml", BASE + "laughs:\n" + "\n".join(levels) + "\nsweep:\n  grid:\n    seed: *a8\n")
-    start = time.monotonic()
     code, _, err = run_cli(capsys, "submit", t, "--dry-run", "--sweep_dir", home / "sw")
-    assert code == 2 and time.monotonic() - start < 5
+    assert code == 2
     assert f"{t}: YAML aliases expand to more than 1,000,000 nodes" in err and len(err) < 1000
 
 
-def test_a_sweep_that_multiplies_past_the_limit_is_exit_2_fast(home, capsys):
+@pytest.mark.timeout(60)  # the count is refused before 216,000 configs are built and printed
+def test_a_sweep_that_multiplies_past_the_limit_is_exit_2_before_expanding(home, capsys):
     axes = ", ".join(f"{k}: {list(range(60))}" for k in ("seed", "algorithm.steps", "optim.micro_batch_size"))
     t = write(home / "t.yaml", BASE + f"sweep: {{grid: {{{axes}}}}}\n")
-    start = time.monotonic()
     code, _, err = run_cli(capsys, "expand", t)
     assert code == 2 and f"{t}:sweep: 216,000 elements; a sweep has at most 100,000" in err
-    assert time.monotonic() - start < 5
 
 
 # --- the dry run ----------------------------------------------------------------------------------------

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -54,26 +53,27 @@ def test_run_of_a_sweep_needs_an_index(tmp_path, capsys):
 
 @pytest.mark.dist
 def test_local_sweep_is_non_blocking_and_reports_status(tmp_path, capsys):
+    gate = tmp_path / "gate"  # the probe ranks wait for this file: no element can finish before it exists
     template = tmp_path / "t.yaml"
     template.write_text(
-        PROBE + f"name: loc\nrun_root: {tmp_path / 'runs'}\ncluster: {{array_parallelism: 2}}\n"
+        PROBE + f"name: loc\nrun_root: {tmp_path / 'runs'}\n"
+        f"cluster: {{array_parallelism: 2, env: {{HPCRL_PROBE_WAIT_FOR: '{gate}'}}}}\n"
         "sweep: {grid: {seed: [1, 2]}}\n"
     )
     sweep_dir = tmp_path / "sweep"
     assert cli.main(["expand", str(template), "--json"]) == 0
     expanded = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    start = time.monotonic()
     assert cli.main(["submit", str(template), "--sweep_dir", str(sweep_dir)]) == 0
-    assert time.monotonic() - start < 5, "submit must not wait for the elements"
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
+
+    def counts() -> dict:
         capsys.readouterr()
         assert cli.main(["status", str(sweep_dir), "--json"]) == 0
-        status = json.loads(capsys.readouterr().out)
-        if status["counts"].get("COMPLETED") == 2:
-            break
-        time.sleep(1)
-    assert status["counts"] == {"COMPLETED": 2}, status
+        return json.loads(capsys.readouterr().out)["counts"]
+
+    # submit returned while the gate is shut, so it did not wait for the elements
+    assert "COMPLETED" not in counts(), "submit must not wait for the elements"
+    gate.touch()
+    wait_until(lambda: counts() == {"COMPLETED": 2}, 300, "both elements COMPLETED")
     manifest = load_manifest(sweep_dir)
     for entry, shown in zip(manifest.entries, expanded, strict=True):
         assert load_yaml(entry.config_path) == shown["config"]
@@ -97,24 +97,19 @@ def test_local_cancel_stops_running_and_pending_elements(tmp_path, capsys):
     template = tmp_path / "t.yaml"
     template.write_text(
         PROBE + f"name: lc\nrun_root: {tmp_path / 'runs'}\n"
-        "cluster: {array_parallelism: 1, env: {HPCRL_PROBE_SLEEP_S: '60'}}\n"
+        f"cluster: {{array_parallelism: 1, env: {{HPCRL_PROBE_WAIT_FOR: '{tmp_path / 'never'}'}}}}\n"
         "sweep: {grid: {seed: [1, 2]}}\n"
-    )
+    )  # the gate never opens: element 0 runs until cancelled, however slow the machine
     sweep_dir = tmp_path / "sweep"
     assert cli.main(["submit", str(template), "--sweep_dir", str(sweep_dir)]) == 0
-    deadline = time.monotonic() + 30
-    while local.read_state(sweep_dir, 0).get("state") != "RUNNING" and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_until(lambda: local.read_state(sweep_dir, 0).get("state") == "RUNNING", 120, "element 0 RUNNING")
     pgid = local.read_state(sweep_dir, 0)["pgid"]
     assert cli.main(["cancel", str(sweep_dir)]) == 0
-    deadline = time.monotonic() + 20
-    while local.pid_alive(pgid) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not local.pid_alive(pgid), "the running element's ranks must be stopped"
+    wait_until(lambda: not local.pid_alive(pgid), 120, "the running element's ranks stopped")
 
     def counts() -> dict:
         capsys.readouterr()
         assert cli.main(["status", str(sweep_dir), "--json"]) == 0
         return json.loads(capsys.readouterr().out)["counts"]
 
-    wait_until(lambda: counts() == {"CANCELLED": 2}, 20, "both elements CANCELLED")
+    wait_until(lambda: counts() == {"CANCELLED": 2}, 120, "both elements CANCELLED")

@@ -37,7 +37,7 @@ def _grpo(tmp_path: Path) -> subprocess.Popen:
         {STEP_SLEEP_ENV: "0.5"},
         tmp_path / "run.log",
         "--algorithm.steps",
-        "200",
+        "100000",  # never ends on its own: only the stop under test ends it, however long the guards
         "--algorithm.eval_every",
         "0",
         *quiet,
@@ -45,19 +45,24 @@ def _grpo(tmp_path: Path) -> subprocess.Popen:
 
 
 def _probe(tmp_path: Path) -> subprocess.Popen:
-    """The probe entrypoint on 2 ranks, sleeping after its collectives (it never stops on its own)."""
+    """The probe entrypoint on 2 ranks, waiting after its collectives for a file that never appears (it
+    never stops on its own)."""
     template = tmp_path / "probe.yaml"
     template.write_text("entrypoint: hpcrl.launcher.probe:main\nname: probe\n")
-    return _start(template, tmp_path / "runs", {"HPCRL_PROBE_SLEEP_S": "600"}, tmp_path / "run.log")
+    gate = {"HPCRL_PROBE_WAIT_FOR": str(tmp_path / "never")}
+    return _start(template, tmp_path / "runs", gate, tmp_path / "run.log")
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return sorted(int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split())
+    except FileNotFoundError:
+        return []
 
 
 def _ranks_of(launcher: subprocess.Popen) -> list[int]:
-    """The launcher's child processes (its ranks), rank 0 first."""
-    children = Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children")
-    try:
-        return sorted(int(pid) for pid in children.read_text().split())
-    except FileNotFoundError:
-        return []
+    """The launcher's ranks, rank 0 first: the children of its one child, the element's rank server."""
+    return [rank for server in _children(launcher.pid) for rank in _children(server)]
 
 
 def _wait_for(condition, timeout_s: float, what: str, log: Path) -> None:
@@ -111,14 +116,11 @@ def test_a_rank_end_names_the_rank_its_host_and_how_it_ended():
 def test_ctrl_c_of_hpcrl_run_stops_both_ranks(tmp_path):
     launcher = _grpo(tmp_path)
     pids = _running_with_two_ranks(launcher, tmp_path, logged_a_step=True)
-    started = time.monotonic()
     launcher.send_signal(signal.SIGINT)
-    _all_gone(pids, 10, tmp_path / "run.log")
-    took = time.monotonic() - started
-    assert launcher.wait(timeout=30) == 128 + signal.SIGINT
+    _all_gone(pids, 120, tmp_path / "run.log")
+    assert launcher.wait(timeout=120) == 128 + signal.SIGINT
     log = (tmp_path / "run.log").read_text()
     assert "hpcrl: SIGINT: stopping the ranks" in log
-    print(f"both ranks ended {took:.1f}s after Ctrl-C")
 
 
 @pytest.mark.slow
@@ -128,8 +130,8 @@ def test_sigkill_of_rank_0_is_reported_as_that_rank_and_the_exit_code_says_a_ran
     launcher = _grpo(tmp_path)
     pids = _running_with_two_ranks(launcher, tmp_path, logged_a_step=True)
     os.kill(pids[0], signal.SIGKILL)
-    assert launcher.wait(timeout=60) == RANK_DIED_EXIT
-    _all_gone(pids, 10, tmp_path / "run.log")
+    assert launcher.wait(timeout=120) == RANK_DIED_EXIT
+    _all_gone(pids, 120, tmp_path / "run.log")
     reports = [line for line in (tmp_path / "run.log").read_text().splitlines() if line.startswith("hpcrl: ")]
     died = [line for line in reports if "rank " in line and " of 2 (pid " in line]
     assert died[0].startswith(f"hpcrl: rank 0 of 2 (pid {pids[0]}, host ") and died[0].endswith("SIGKILL"), (
@@ -141,8 +143,8 @@ def test_sigkill_of_the_launcher_takes_its_ranks_with_it(tmp_path):
     launcher = _probe(tmp_path)
     pids = _running_with_two_ranks(launcher, tmp_path, logged_a_step=False)
     launcher.send_signal(signal.SIGKILL)
-    launcher.wait(timeout=30)
-    _all_gone(pids, 10, tmp_path / "run.log")
+    launcher.wait(timeout=120)
+    _all_gone(pids, 120, tmp_path / "run.log")
 
 
 def test_a_sigkilled_rank_0_does_not_leave_launcher_json_saying_running(tmp_path):
@@ -151,7 +153,7 @@ def test_a_sigkilled_rank_0_does_not_leave_launcher_json_saying_running(tmp_path
     launcher = _probe(tmp_path)
     pids = _running_with_two_ranks(launcher, tmp_path, logged_a_step=False)
     os.kill(pids[0], signal.SIGKILL)
-    assert launcher.wait(timeout=60) == RANK_DIED_EXIT
+    assert launcher.wait(timeout=120) == RANK_DIED_EXIT
     [state_file] = (tmp_path / "runs").glob("*/*/launcher.json")
     state = json.loads(state_file.read_text())
     assert state["state"] == "FAILED", state

@@ -27,7 +27,7 @@ def status(sweep_dir: Path, capsys) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
-def wait_final(sweep_dir: Path, capsys, timeout_s: float = 120) -> dict:
+def wait_final(sweep_dir: Path, capsys, timeout_s: float = 300) -> dict:
     final = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
 
     def settled() -> dict | None:
@@ -55,7 +55,7 @@ def test_sweep_of_24_is_one_array_and_all_complete(slurm_cluster, tmp_path, caps
     manifest = load_manifest(sweep_dir)
     assert len(manifest.arrays) == 1
     assert {e.job_id.split("_")[0] for e in manifest.entries} == {manifest.arrays[0]["job_id"]}
-    state = wait_final(sweep_dir, capsys, timeout_s=150)
+    state = wait_final(sweep_dir, capsys, timeout_s=300)  # a guard: 24 elements on 2 nodes
     assert array_jobs_named(slurm_cluster, f"hpcrl-{name}") == {manifest.arrays[0]["job_id"]}  # ONE sbatch
     assert state["counts"] == {"COMPLETED": 24}, state
     capsys.readouterr()
@@ -86,7 +86,7 @@ def test_element_over_two_nodes_forms_a_four_rank_group(slurm_cluster, tmp_path,
         )
         == 0
     )
-    state = wait_final(sweep_dir, capsys, timeout_s=90)
+    state = wait_final(sweep_dir, capsys, timeout_s=180)
     assert state["counts"] == {"COMPLETED": 1}, state
     result = json.loads((Path(state["elements"][0]["run_dir"]) / "probe.json").read_text())
     assert result["world_size"] == 4 and result["all_reduce"] == 10.0
@@ -98,11 +98,12 @@ def test_element_over_two_nodes_forms_a_four_rank_group(slurm_cluster, tmp_path,
 
 @pytest.mark.slow
 def test_cancel_one_index_then_resume_reruns_only_failed_and_cancelled(slurm_cluster, tmp_path, capsys):
+    gate = tmp_path / "gate"  # the elements wait for it: none can complete before element 3 is seen cancelled
     template = tmp_path / "t.yaml"
     template.write_text(
         "extends: " + str(REPO / "templates/base.yaml") + "\n"
         f"name: cr-{uuid.uuid4().hex[:6]}\nentrypoint: hpcrl.launcher.probe:main\nrun_root: {tmp_path / 'runs'}\n"
-        "cluster:\n  profile: local-dev\n  env: {HPCRL_PROBE_SLEEP_S: '10', HPCRL_PROBE_FAIL_FIRST_ATTEMPT_SEEDS: '2'}\n"
+        f"cluster:\n  profile: local-dev\n  env: {{HPCRL_PROBE_WAIT_FOR: '{gate}', HPCRL_PROBE_FAIL_FIRST_ATTEMPT_SEEDS: '2'}}\n"
         "sweep: {grid: {seed: [1, 2, 3, 4]}}\n"
     )
     sweep_dir = tmp_path / "sweep"
@@ -110,10 +111,11 @@ def test_cancel_one_index_then_resume_reruns_only_failed_and_cancelled(slurm_clu
     assert cli.main(["cancel", str(sweep_dir), "3"]) == 0
     running = wait_until(
         lambda: (s := status(sweep_dir, capsys))["elements"][3]["state"] == "CANCELLED" and s,
-        60,
+        120,
         "element 3 CANCELLED",
     )
     assert all(e["state"] in ("PENDING", "RUNNING", "FAILED") for e in running["elements"][:3]), running
+    gate.touch()
     state = wait_final(sweep_dir, capsys)
     assert [e["state"] for e in state["elements"]] == ["COMPLETED", "FAILED", "COMPLETED", "CANCELLED"]
     first_ids = [e["job_id"] for e in state["elements"]]
@@ -174,7 +176,7 @@ def test_hostile_values_reach_the_job_as_inert_data(slurm_cluster, tmp_path, cap
     )
     sweep_dir = tmp_path / "sweep"
     assert cli.main(["submit", str(template), "--sweep_dir", str(sweep_dir)]) == 0
-    state = wait_final(sweep_dir, capsys, timeout_s=90)
+    state = wait_final(sweep_dir, capsys, timeout_s=180)
     assert state["counts"] == {"COMPLETED": 1}, state
     result = json.loads((Path(state["elements"][0]["run_dir"]) / "probe.json").read_text())
     assert {k: result["env"][k] for k in hostile} == hostile  # byte-exact, never evaluated

@@ -18,7 +18,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +30,11 @@ from hpcrl.errors import ConfigError
 from hpcrl.launcher import local, slurm, sweeps
 from hpcrl.launcher.manifest import MANIFEST, load_manifest, manifest_from_json
 from tests.hostile_paths import Sandbox, hostile_paths
+from tests.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO / "templates" / "grpo_tiny.yaml"
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(300)  # a guard against a hang only
 
 
 def run_cli(capsys, *argv: Any) -> tuple[int, str, str]:
@@ -241,7 +241,7 @@ def test_any_bytes_as_a_manifest_load_or_are_a_config_error(tmp_path_factory, ra
 # --- 3. special files never hang or fill memory -----------------------------------------------------------
 
 
-@pytest.mark.timeout(20)
+@pytest.mark.timeout(120)  # a hang (a FIFO never opened) would be forever
 def test_a_fifo_manifest_is_exit_2(sweep, capsys):
     (sweep / MANIFEST).unlink()
     os.mkfifo(sweep / MANIFEST)
@@ -249,7 +249,7 @@ def test_a_fifo_manifest_is_exit_2(sweep, capsys):
     assert code == 2 and "not a regular file" in err
 
 
-@pytest.mark.timeout(20)
+@pytest.mark.timeout(120)  # a hang (a FIFO never opened) would be forever
 def test_a_fifo_config_path_does_not_hang_resume(sweep, capsys):
     fifo = Path(load_manifest(sweep).entries[0].config_path)  # where this dry run's config is
     fifo.unlink()
@@ -259,7 +259,7 @@ def test_a_fifo_config_path_does_not_hang_resume(sweep, capsys):
     assert code == 2 and "not a regular file" in err
 
 
-@pytest.mark.timeout(20)
+@pytest.mark.timeout(120)  # a hang (a FIFO never opened) would be forever
 @pytest.mark.parametrize("kind", ["fifo", "dev_zero"])
 def test_a_special_result_file_does_not_hang_status(sweep, capsys, kind, monkeypatch):
     monkeypatch.setenv("PATH", str(sweep))  # no sacct/squeue/scontrol: states from result files
@@ -309,13 +309,29 @@ def _local_running(sweep: Path, record: bytes) -> None:
     (sweep / "local" / "0.json").write_bytes(record)
 
 
-def test_cancel_leaves_an_unrelated_process_group_alone(sweep, capsys):
+def _signals_sent(monkeypatch) -> list[tuple[str, int, int]]:
+    """Every os.kill / os.killpg of this process from now on, as (call, target, signal); still sent."""
+    sent: list[tuple[str, int, int]] = []
+    for name in ("kill", "killpg"):
+        real = getattr(os, name)
+
+        def spy(target: int, sig: int, _name: str = name, _real=real) -> None:
+            sent.append((_name, target, sig))
+            _real(target, sig)
+
+        monkeypatch.setattr(os, name, spy)
+    return sent
+
+
+def test_cancel_leaves_an_unrelated_process_group_alone(sweep, capsys, monkeypatch):
     other = subprocess.Popen(["sleep", "300"], start_new_session=True)
     try:
         _local_running(sweep, json.dumps({"state": "RUNNING", "pgid": other.pid}).encode())
+        sent = _signals_sent(monkeypatch)
         code, _, err = run_cli(capsys, "cancel", sweep, 0)
         assert code == 0 and "left alone" in err
-        time.sleep(0.2)
+        # a signal is sent before cancel returns or never: none went to the group, so none can arrive later
+        assert not [s for s in sent if s[1] == other.pid and s[2] != 0], sent
         assert other.poll() is None
         assert json.loads((sweep / "local" / "0.json").read_text())["state"] == "RUNNING"
     finally:
@@ -336,13 +352,16 @@ def test_cancel_signals_a_group_whose_leader_is_the_element(sweep, tmp_path, cap
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "fake")}
     leader = subprocess.Popen(argv, env=env, start_new_session=True)
     try:
-        time.sleep(0.3)
-        assert local.runs_element(leader.pid, entry.config_path, entry.run_dir)
+        wait_until(
+            lambda: local.runs_element(leader.pid, entry.config_path, entry.run_dir),
+            120,
+            "the stand-in's /proc cmdline to show the element module",
+        )
         assert not local.runs_element(leader.pid, entry.config_path, "/elsewhere")
         _local_running(sweep, json.dumps({"state": "RUNNING", "pgid": leader.pid}).encode())
         code, _, err = run_cli(capsys, "cancel", sweep, 0)
         assert code == 0 and "left alone" not in err
-        assert leader.wait(timeout=10) == -signal.SIGTERM
+        assert leader.wait(timeout=120) == -signal.SIGTERM
     finally:
         leader.kill()
         leader.wait()
@@ -379,7 +398,7 @@ def test_resume_with_good_overrides_and_nothing_to_resume_is_exit_0(sweep, capsy
     assert code == 0 and "nothing to resume" in out
 
 
-@pytest.mark.timeout(20)
+@pytest.mark.timeout(120)  # a hang (a FIFO never opened) would be forever
 def test_a_fifo_log_is_named_not_read(sweep, capsys):
     edit_entry(sweep, job_id="local:5_0", state="FAILED")
     (sweep / "local").mkdir(exist_ok=True)

@@ -44,7 +44,7 @@ def _killed_attempt(run_dir: Path) -> None:
         assert proc.stdout.readline().strip() == "logged"
     finally:
         os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
+        proc.wait(timeout=120)
     assert proc.returncode == -signal.SIGKILL
 
 

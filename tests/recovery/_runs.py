@@ -9,7 +9,6 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from hpcrl.ckpt.commit import committed, read_latest
 from hpcrl.ckpt.load import load_checkpoint
 from hpcrl.ckpt.manifest import read_manifest
 from hpcrl.ckpt.shards import ShardSpec
+from tests.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATES = REPO / "templates" / "recovery"
@@ -97,7 +97,7 @@ class KilledAndResumed:
 
 
 def kill_after_a_checkpoint_and_rerun(
-    template: Path, tmp_path: Path, steps: int, every: int, timeout_s: float = 120
+    template: Path, tmp_path: Path, steps: int, every: int, timeout_s: float = 300
 ) -> KilledAndResumed:
     """Start `template` twice side by side; SIGKILL the second at a random step after a committed
     checkpoint (> `every` steps logged, before the last checkpoint); rerun it (resume=auto) to the end."""
@@ -106,15 +106,19 @@ def kill_after_a_checkpoint_and_rerun(
     context = f"(kill after {kill_after} logged steps; seed {seed})"
     reference = start_run(template, tmp_path / "ref", log=tmp_path / "ref.log")
     victim = start_run(template, tmp_path / "run", log=tmp_path / "run.log")
-    deadline = time.monotonic() + timeout_s
-    while victim.poll() is None and time.monotonic() < deadline:  # kill after a committed checkpoint
-        if any((tmp_path / "run").glob("*/*/metrics.jsonl")):
-            run_dir = run_dir_of(tmp_path / "run")
-            if steps_logged(run_dir) >= kill_after and latest_step(run_dir / "checkpoints"):
-                break
-        time.sleep(0.01)
+
+    # kill after a committed checkpoint (or once it ended: the assert below says so)
+    def killable() -> bool:
+        if victim.poll() is not None:
+            return True
+        if not any((tmp_path / "run").glob("*/*/metrics.jsonl")):
+            return False
+        run_dir = run_dir_of(tmp_path / "run")
+        return steps_logged(run_dir) >= kill_after and bool(latest_step(run_dir / "checkpoints"))
+
+    wait_until(killable, timeout_s, f"{kill_after} logged steps and a checkpoint {context}", poll_s=0.01)
     victim.send_signal(signal.SIGKILL)
-    assert victim.wait(timeout=30) == -signal.SIGKILL, f"the run ended before the kill {context}"
+    assert victim.wait(timeout=120) == -signal.SIGKILL, f"the run ended before the kill {context}"
     run_dir = run_dir_of(tmp_path / "run")
     killed_at = steps_logged(run_dir)
     resume_from = latest_step(run_dir / "checkpoints")

@@ -7,7 +7,6 @@ included — across epoch boundaries: 20 training pairs, 8 per step (templates/r
 from __future__ import annotations
 
 import signal
-import time
 
 import pytest
 
@@ -20,6 +19,7 @@ from tests.recovery._runs import (
     start_run,
     steps_logged,
 )
+from tests.waiting import wait_until
 
 TEMPLATE = TEMPLATES / "dpo_exactly_once.yaml"
 STEPS = 16
@@ -44,20 +44,24 @@ def test_dpo_saves_and_stops_on_sigusr1_then_a_rerun_finishes_with_each_step_onc
     only_signal = ("--checkpoint.every_steps", "0")
     runs = tmp_path / "runs"  # a run root holds run directories only (the logs lie beside it)
     run = start_run(TEMPLATE, runs, *only_signal, log=tmp_path / "run.log")
-    deadline = time.monotonic() + 100
-    while run.poll() is None and time.monotonic() < deadline:
-        if any(runs.glob("*/*/metrics.jsonl")) and steps_logged(run_dir_of(runs)) >= 3:
-            break
-        time.sleep(0.01)
+    wait_until(
+        lambda: (
+            run.poll() is not None  # ended: the exit code below says how
+            or (any(runs.glob("*/*/metrics.jsonl")) and steps_logged(run_dir_of(runs)) >= 3)
+        ),
+        300,
+        "3 logged steps",
+        poll_s=0.01,
+    )
     run.send_signal(signal.SIGUSR1)
-    assert run.wait(timeout=60) == 0, (tmp_path / "run.log").read_text()[-3000:]
+    assert run.wait(timeout=300) == 0, (tmp_path / "run.log").read_text()[-3000:]
     run_dir = run_dir_of(runs)
     stopped_at = latest_step(run_dir / "checkpoints")
     assert stopped_at is not None and 3 <= stopped_at < STEPS
     assert steps_logged(run_dir) == stopped_at  # saved at the boundary right after the last logged step
     assert f"step {stopped_at}: saved (requested), stopping for requeue" in (tmp_path / "run.log").read_text()
     rerun = start_run(TEMPLATE, runs, *only_signal, log=tmp_path / "rerun.log")
-    assert rerun.wait(timeout=120) == 0, (tmp_path / "rerun.log").read_text()[-3000:]
+    assert rerun.wait(timeout=300) == 0, (tmp_path / "rerun.log").read_text()[-3000:]
     assert f"at step {stopped_at}" in (tmp_path / "rerun.log").read_text()
     assert [r["step"] for r in metric_rows(run_dir)] == list(range(STEPS + 1))  # + the final evaluation
     assert latest_step(run_dir / "checkpoints") == STEPS  # save_on_exit

@@ -39,7 +39,7 @@ def test_a_rerun_without_any_checkpoint_logs_every_step_once(tmp_path):
     for attempt in ("first", "second"):
         log = tmp_path / f"{attempt}.log"
         run = start_run(TEMPLATE, tmp_path / "run", *no_checkpoints, log=log)
-        assert run.wait(timeout=120) == 0, log.read_text()[-3000:]
+        assert run.wait(timeout=300) == 0, log.read_text()[-3000:]
     run_dir = run_dir_of(tmp_path / "run")
     assert latest_step(run_dir / "checkpoints") is None
     assert [r["step"] for r in metric_rows(run_dir)] == [0, 1, 2, 3]  # + the final evaluation

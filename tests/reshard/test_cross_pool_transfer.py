@@ -11,8 +11,6 @@ Each runs two versions of random weights into the same receive buffers (the seco
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from hpcrl.distributed.layout import ParallelLayout
@@ -87,7 +85,7 @@ def test_replicas_share_the_sending(results):
 
 
 def test_a_sender_that_dies_fails_the_receiver_naming_the_group():
-    start = time.perf_counter()
+    # a hang would end in run_ranks' TimeoutError, not RankFailed: the match is the "no hang"; the
+    # failure comes from the ranks' own 3 s transport timeout, collective_timeout_s only guards the rendezvous
     with pytest.raises(RankFailed, match=r"CollectiveError: reshard exchange on cross_pool group \[0, 1\]"):
-        run_ranks(silent_sender_rank, 2, timeout_s=60, collective_timeout_s=5)
-    assert time.perf_counter() - start < 60
+        run_ranks(silent_sender_rank, 2, timeout_s=300, collective_timeout_s=60)

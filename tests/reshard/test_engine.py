@@ -1,7 +1,5 @@
 """Both reshard engines on real gloo groups: bitwise shards, exact volumes, zero redundancy, restore."""
 
-import time
-
 import pytest
 
 from hpcrl.distributed.layout import ParallelLayout
@@ -94,10 +92,10 @@ def test_bitwise_volume_and_memory_for_every_valid_pair_up_to_8_ranks():
 
 @pytest.mark.parametrize("mode", ["exit", "hang"])
 def test_a_rank_that_dies_or_hangs_mid_reshard_fails_its_peers_naming_the_group(mode):
-    start = time.perf_counter()
+    # a hang would end in run_ranks' TimeoutError, not RankFailed: the match is the "no hang"; the
+    # failure comes from the ranks' own 3 s transport timeout, collective_timeout_s only guards the rendezvous
     with pytest.raises(RankFailed, match=r"CollectiveError: reshard all_gather on micro_data group \[0, 1\]"):
-        run_ranks(dying_rank, 2, mode, timeout_s=60, collective_timeout_s=5)
-    assert time.perf_counter() - start < 60
+        run_ranks(dying_rank, 2, mode, timeout_s=300, collective_timeout_s=60)
 
 
 @pytest.mark.gpu

@@ -74,7 +74,7 @@ def double_buffer_ranks(rank: int, world: int) -> dict:
     weights = DoubleBufferedWeights(transfer, back, shard_loader("hf", engine, layout, 0, cfg))
     out: dict = {}
     weights.start_receive(1)
-    out["received_in_time"] = weights.wait_received(timeout_s=60)  # the condition, not a sleep
+    out["received_in_time"] = weights.wait_received(timeout_s=120)  # the condition, not a sleep (a guard)
     out["back_is_v1"] = all(bool((t == 1.0).all()) for t in back.values())
     out["front_unchanged_before_swap"] = torch.equal(front, before) and weights.version is None
     try:

@@ -18,7 +18,7 @@ from hpcrl.distributed.env import DistEnv, init_process_group
 def main() -> None:
     torch.set_num_threads(1)
     env = DistEnv.from_environ()
-    group = init_process_group(env, backend="auto", timeout_s=60)
+    group = init_process_group(env, backend="auto", timeout_s=120)  # a guard on the rendezvous
     try:
         value = torch.tensor([float(env.rank + 1)])
         dist.all_reduce(value, group=group)

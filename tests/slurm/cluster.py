@@ -4,7 +4,7 @@ Use it through the `slurm_cluster` fixture of tests/conftest.py:
 
     def test_something(slurm_cluster, tmp_path):
         job_id = slurm_cluster.sbatch(["--array=0-3", f"--output={tmp_path}/%a.out", "--wrap", "hostname"])
-        states = slurm_cluster.wait_for_job(job_id, timeout_s=60, num_tasks=4)  # {"12_0": "COMPLETED", ...}
+        states = slurm_cluster.wait_for_job(job_id, timeout_s=120, num_tasks=4)  # {"12_0": "COMPLETED", ...}
 
 The fixture exports SLURM_CONF for the session, so submitit executors and plain `sbatch` reach this cluster.
 Jobs run on this host: they may use the repository (`--chdir=REPO_ROOT`) and `sys.executable`.
@@ -72,7 +72,7 @@ class SlurmCluster:
             state_dir=Path(info["state_dir"]),
         )
         try:
-            ping = cluster.run(["scontrol", "ping"], check=False, timeout=15)
+            ping = cluster.run(["scontrol", "ping"], check=False, timeout=60)
         except subprocess.TimeoutExpired:
             raise ClusterAbsent(
                 f"`scontrol ping` for {info_path} hangs: restart with `bash slurm/dev/start.sh`"
@@ -128,7 +128,7 @@ class SlurmCluster:
         return proc.stdout.split("\n") if proc.stdout.strip() else []
 
     def wait_for_job(
-        self, job_id: str, timeout_s: float = 60.0, *, num_tasks: int | None = None, poll_s: float = 0.5
+        self, job_id: str, timeout_s: float = 120.0, *, num_tasks: int | None = None, poll_s: float = 0.5
     ) -> dict[str, str]:
         """Wait until `job_id` is over (squeue) and sacct holds a terminal state for each task; return them.
 

@@ -9,6 +9,7 @@ import pytest
 import submitit
 
 from tests.slurm.cluster import REPO_ROOT
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -43,27 +44,23 @@ def test_map_array_over_8_inputs_returns_each_result(slurm_cluster, tmp_path):
     assert [value for value, _ in results] == [x**3 for x in range(8)]
     assert {node for _, node in results} <= set(slurm_cluster.nodes)
     array_id = jobs[0].job_id.split("_")[0]
-    assert set(slurm_cluster.wait_for_job(array_id, timeout_s=30, num_tasks=8).values()) == {"COMPLETED"}
+    assert set(slurm_cluster.wait_for_job(array_id, timeout_s=120, num_tasks=8).values()) == {"COMPLETED"}
 
 
 @pytest.mark.slow  # ~20 s: submitit's result() waits 15 s for a result file that never comes
-def test_job_cancelled_from_outside_is_reported_cancelled_within_30s(slurm_cluster, tmp_path):
+def test_job_cancelled_from_outside_is_reported_cancelled_and_result_raises(slurm_cluster, tmp_path):
     """submitit sees CANCELLED through sacct, and result() raises instead of hanging.
 
     `job.state` refreshes lazily (sacct at 0, 2, 4, 8, 16 ... s, then every minute); a forced
     `get_info` asks sacct now. result() of a job that left no result waits `_results_timeout_s` (15 s)
-    for a late file before it raises.
+    for a late file before it raises. The 120 s waits below only guard against a hang.
     """
-    job = make_executor(slurm_cluster, tmp_path).submit(sleep_then_return, 300)
-    deadline = time.monotonic() + 30
-    while job.get_info(mode="force").get("State") != "RUNNING":
-        assert time.monotonic() < deadline, f"job {job.job_id} never started: {job.state}"
-        time.sleep(0.5)
+    job = make_executor(slurm_cluster, tmp_path).submit(sleep_then_return, 300)  # outlives every guard
+    wait_until(
+        lambda: job.get_info(mode="force").get("State") == "RUNNING", 120, f"job {job.job_id} to start"
+    )
     slurm_cluster.run(["scancel", job.job_id])
-    cancelled_at = time.monotonic()
-    while not job.done(force_check=True):
-        assert time.monotonic() - cancelled_at < 30, f"still not done 30 s after scancel: {job.state}"
-        time.sleep(0.5)
+    wait_until(lambda: job.done(force_check=True), 120, f"job {job.job_id} done after scancel")
     assert job.state.startswith("CANCELLED"), job.state
 
     outcome: dict[str, BaseException | str] = {}
@@ -76,7 +73,7 @@ def test_job_cancelled_from_outside_is_reported_cancelled_within_30s(slurm_clust
 
     waiter = threading.Thread(target=wait_for_result, daemon=True)
     waiter.start()
-    waiter.join(timeout=max(0.0, 30 - (time.monotonic() - cancelled_at)))
-    assert not waiter.is_alive(), f"job.result() still blocked 30 s after scancel; state={job.state}"
+    waiter.join(timeout=120)
+    assert not waiter.is_alive(), f"job.result() still blocked 120 s after scancel; state={job.state}"
     assert isinstance(outcome.get("error"), submitit.core.utils.UncompletedJobError), outcome
     assert "CANCELLED" in str(outcome["error"])

@@ -1,0 +1,175 @@
+"""The fork server of a local element: one process imports torch, megatron-core and the element's
+entrypoint once, then forks the element's W ranks from itself.
+
+Why: every rank started as its own interpreter imports torch and megatron-core again (~7 s of CPU per
+rank on 2 cores), so 8 local ranks took 4.4x as long to start as one. A rank forked from a process that
+has imported them starts in milliseconds (benchmarks/startup.py measures both).
+
+Run by hpcrl.launcher.ranks.start_ranks as `python -m hpcrl.launcher.element CONFIG RUN_DIR --ranks W
+--port P --ends DIR`: the server leads the element's process group (so `hpcrl cancel`'s ownership check,
+hpcrl.launcher.local.runs_element, still reads the element's own command line), ignores SIGINT and SIGTERM
+(they reach every rank through the group; the server must outlive its ranks to report how they ended) and
+dies with its launcher (PR_SET_PDEATHSIG, set by the launcher); each rank dies with the server the same
+way, so a killed launcher still takes every rank with it.
+
+Fork safety: before forking the server runs no torch op and initialises no CUDA (importing torch does
+neither; `fork_safety_problems` checks it) and has one Python thread, so a rank inherits no thread pool,
+CUDA context or lock held by another thread. Each rank gets its torchrun-style environment (hpcrl.launcher.ranks.
+rank_environ) before any of its code runs, default signal dispositions, and then leaves the server's
+stack by returning from `serve`: its interpreter exits the normal way (atexit, non-daemon threads).
+
+Files in DIR (the launcher's only view of ranks it did not fork): `<rank>.pid` once forked,
+`<rank>.end` ({"pid", "returncode"}, Popen's convention: minus the signal that killed it) once reaped,
+and the rank's own error record `<rank>.json` (hpcrl.launcher.ranks.record_error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import importlib
+import json
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+START_MODES = ("fork", "exec")
+"""fork: ranks forked from the server after its imports (the default); exec: each rank a fresh interpreter
+(`python -m hpcrl.launcher.element CONFIG RUN_DIR`), as srun starts them: the baseline of
+benchmarks/startup.py, and a way out should some library not survive a fork. The launcher takes it from
+START_ENV."""
+START_ENV = "HPCRL_LOCAL_RANK_START"
+PRELOADED = ("torch", "torch.distributed", "megatron.core")
+"""Imported by the server for every entrypoint (the entrypoint's own module is imported too)."""
+_PR_SET_PDEATHSIG = 1
+
+
+def end_path(ends: Path, rank: int) -> Path:
+    return ends / f"{rank}.end"
+
+
+def pid_path(ends: Path, rank: int) -> Path:
+    return ends / f"{rank}.pid"
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m hpcrl.launcher.element")
+    parser.add_argument("config")
+    parser.add_argument("run_dir")
+    parser.add_argument("--ranks", type=int, required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--ends", type=Path, required=True)
+    parser.add_argument("--start", choices=START_MODES, default="fork")
+    return parser.parse_args(argv)
+
+
+def preload(config_path: str) -> list[str]:
+    """Import what every rank would import first: `PRELOADED` and the entrypoint's module. A config or
+    module that fails to load is skipped: each rank then fails on it and reports it, as without the
+    server. Returns the modules imported."""
+    from hpcrl.experiment.stage_kinds import entrypoint_of
+    from hpcrl.launcher.element import load_resolved
+
+    names = list(PRELOADED)
+    with contextlib.suppress(Exception):  # the ranks report it, naming file and key
+        names.append(entrypoint_of(load_resolved(config_path)).partition(":")[0])
+    loaded = []
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            continue
+        loaded.append(name)
+    return loaded
+
+
+def fork_safety_problems() -> list[str]:
+    """What would make a forked rank inherit broken state: CUDA initialised, or Python threads besides
+    this one (a forked child holds only the forking thread; a lock another thread held stays locked).
+    `import torch` starts one native helper thread that holds nothing a rank needs (forking after it is
+    what torch.multiprocessing's fork start method does too); an intra-op thread pool appears only with
+    the first parallel op, which the server never runs."""
+    problems = []
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        problems.append("CUDA is initialised")
+    if threading.active_count() != 1:
+        problems.append(f"{threading.active_count()} Python threads")
+    return problems
+
+
+def serve(argv: list[str], rank_main: Callable[[list[str]], int]) -> int:
+    """The server's life: preload, fork the ranks, reap them. In a rank this returns `rank_main`'s exit
+    code (the rank leaves the server's stack here); in the server it returns 0 once every rank ended."""
+    args = parse(argv)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    if args.start == "fork":
+        preload(args.config)
+        problems = fork_safety_problems()
+        if problems:  # the launcher then reports every rank ended as the server did, with this line
+            print(f"hpcrl: the rank server cannot fork safely: {', '.join(problems)}", file=sys.stderr)
+            return 1
+    pids: dict[int, int] = {}
+    server = os.getpid()
+    for rank in range(args.ranks):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            return _become_rank(rank, args, server, rank_main)
+        pids[pid] = rank
+        _write(pid_path(args.ends, rank), {"pid": pid})
+    _reap(pids, args.ends)
+    return 0
+
+
+def _become_rank(
+    rank: int, args: argparse.Namespace, server: int, rank_main: Callable[[list[str]], int]
+) -> int:
+    """In the forked child: die with the server, take the rank's environment and default signal
+    dispositions, run the rank."""
+    from hpcrl.launcher.ranks import rank_environ
+
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != server:  # the server died before the prctl: nobody will tell us
+        os.kill(os.getpid(), signal.SIGKILL)
+    env = rank_environ(rank, args.ranks, args.port, {}, args.ends / f"{rank}.json")
+    os.environ.clear()
+    os.environ.update(env)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if args.start == "exec":
+        os.execv(sys.executable, [sys.executable, "-m", "hpcrl.launcher.element", args.config, args.run_dir])
+    sys.argv = [sys.argv[0], args.config, args.run_dir]
+    return rank_main([args.config, args.run_dir])
+
+
+def _reap(pids: dict[int, int], ends: Path) -> None:
+    """Wait for every rank; record how each ended (Popen's returncode) for the launcher."""
+    while pids:
+        pid, status = os.waitpid(-1, 0)
+        rank = pids.pop(pid, None)
+        if rank is None:
+            continue
+        code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        _write(end_path(ends, rank), {"pid": pid, "returncode": code})
+
+
+def _write(path: Path, record: dict) -> None:
+    """Atomically (the launcher polls for the file and reads it whole)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(record))
+    os.replace(tmp, path)
+
+
+def read_record(path: Path) -> dict | None:
+    """A `<rank>.pid` or `<rank>.end` record; None before it is written."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,96 @@
+"""The rank server (hpcrl.launcher.rank_server): a local element's ranks are forked from one process
+that imported torch, megatron-core and the entrypoint once, safely (no CUDA, one Python thread), and
+still look like the element to `hpcrl cancel`'s ownership check (the server leads the group with the
+element's command line: tests/launcher/test_local.py cancels a running element through it, and
+test_sweep_dir_hostile.py shows a foreign group leader is left alone)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from hpcrl import cli
+from hpcrl.launcher import rank_server
+from hpcrl.launcher.rank_server import START_ENV
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _in_fresh_python(code: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def test_after_its_imports_the_server_has_no_cuda_and_one_python_thread():
+    """What a rank inherits: the server preloads torch, megatron-core and the RL entrypoint; none of that
+    initialises CUDA or starts a Python thread (a forked child keeps only the forking thread)."""
+    seen = _in_fresh_python(
+        "import json, importlib, sys, threading\n"
+        "from hpcrl.launcher import rank_server as r\n"
+        "loaded = r.preload('/nonexistent/config.yaml')\n"  # no config: the fixed list only
+        "importlib.import_module('hpcrl.rl.job')\n"
+        "import torch\n"
+        "print(json.dumps({'loaded': loaded, 'cuda': torch.cuda.is_initialized(),\n"
+        "  'threads': threading.active_count(), 'problems': r.fork_safety_problems()}))\n"
+    )
+    assert seen == {"loaded": list(rank_server.PRELOADED), "cuda": False, "threads": 1, "problems": []}
+
+
+def test_a_python_thread_is_named_as_a_reason_not_to_fork():
+    seen = _in_fresh_python(
+        "import json, threading\nfrom hpcrl.launcher import rank_server as r\n"
+        "e = threading.Event(); t = threading.Thread(target=e.wait); t.start()\n"
+        "print(json.dumps(r.fork_safety_problems())); e.set()\n"
+    )
+    assert seen == ["2 Python threads"]
+
+
+def test_the_server_module_keeps_no_mutable_state():
+    """Its globals are modules, functions, classes and immutable constants: what a rank inherits from
+    the server is the imports, nothing the server changed."""
+    allowed = (types.ModuleType, types.FunctionType, type, str, int, tuple, frozenset, type(None))
+    mutable = {
+        name: type(value).__name__
+        for name, value in vars(rank_server).items()
+        if not name.startswith("__") and name != "annotations" and not isinstance(value, allowed)
+    }
+    assert mutable == {}
+
+
+def _template(tmp_path: Path, ranks: int) -> Path:
+    template = tmp_path / "t.yaml"
+    template.write_text(
+        "entrypoint: tests.launcher._fork_probe:main\nname: forked\n"
+        f"run_root: {tmp_path / 'runs'}\nparallel: {{data: {ranks}}}\ncluster: {{tasks_per_node: {ranks}}}\n"
+    )
+    return template
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("mode", ["fork", "exec"])
+def test_ranks_are_children_of_the_server_which_leads_their_group(tmp_path, capsys, monkeypatch, mode):
+    """fork (the default): each rank is the server's image (its command line, megatron-core already
+    imported); exec (the baseline, HPCRL_LOCAL_RANK_START=exec): a fresh interpreter per rank. Either
+    way the server is every rank's parent and process-group leader, and each rank has its own
+    torchrun-style environment."""
+    monkeypatch.setenv(START_ENV, mode)
+    assert cli.main(["run", str(_template(tmp_path, 3))]) == 0
+    run_dir = Path(capsys.readouterr().out.splitlines()[0].removeprefix("run dir: "))
+    reports = [json.loads((run_dir / f"rank_{rank}.json").read_text()) for rank in range(3)]
+    servers = {r["ppid"] for r in reports}
+    assert len(servers) == 1 and {r["pgid"] for r in reports} == servers
+    assert len({r["pid"] for r in reports}) == 3
+    assert [r["rank_env"][:3] for r in reports] == [[str(k), "3", str(k)] for k in range(3)]
+    assert len({r["rank_env"][3] for r in reports}) == 1  # one MASTER_PORT
+    forked = mode == "fork"
+    for report in reports:
+        element_argv = report["cmdline"][1:5]
+        assert element_argv == ["-m", "hpcrl.launcher.element", str(run_dir / "config.yaml"), str(run_dir)]
+        assert ("--ranks" in report["cmdline"]) is forked
+        assert report["megatron_preloaded"] is forked
