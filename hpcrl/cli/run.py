@@ -26,6 +26,9 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
+    from hpcrl.train.megatron_compat import fusions_off_without_cuda  # imports torch: not at `--help`
+
+    fusions_off_without_cuda()  # before anything imports megatron-core (the 1-rank run is in-process)
     with DelayedProgress() as track:
         sweep = resolve(args.template, overrides_from(args), track=track)
     if print_config_if_asked(args, sweep):

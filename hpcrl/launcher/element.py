@@ -246,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     is printed like the CLI does and exits 2 (the job's exit code then says config error too)."""
 
     config_path, run_dir = argv if argv is not None else sys.argv[1:]
+    from hpcrl.train.megatron_compat import fusions_off_without_cuda  # imports torch: not at import
+
+    fusions_off_without_cuda()  # before the entrypoint imports megatron-core (a no-op in a forked rank)
     lifecycle = Lifecycle.for_this_process()
     try:
         run_element(config_path, run_dir, lifecycle)

@@ -73,7 +73,9 @@ def preload(config_path: str) -> list[str]:
     server. Returns the modules imported."""
     from hpcrl.experiment.stage_kinds import entrypoint_of
     from hpcrl.launcher.element import load_resolved
+    from hpcrl.train.megatron_compat import fusions_off_without_cuda
 
+    fusions_off_without_cuda()
     names = list(PRELOADED)
     with contextlib.suppress(Exception):  # the ranks report it, naming file and key
         names.append(entrypoint_of(load_resolved(config_path)).partition(":")[0])

@@ -43,17 +43,29 @@ Patches (each one is listed in `applied_patches()` once active):
 Everything else in that path is megatron's real code: DDP's contiguous param and grad buffers, the
 bucketed reduce-scatter / all-gather over gloo, the sharded Adam step, the fp16 grad scaler.
 
+`fusions_off_without_cuda()`, called by each process's entry point before megatron-core is imported
+(the CLI, the rank server, the test ranks' fork server):
+
+6. megatron's `jit_fuser` -> a no-op decorator (megatron's own `disable_jit_fuser()`, run right after
+   `megatron.core.jit` executes, before any module decorates a function with it). Why: megatron-core
+   sets `jit_fuser = torch.compile` at import, and decorating its fusion functions with it imports
+   torch._dynamo (~2.5 s of CPU per process on 2 cores) for fusions that only pay off on a GPU; hpcrl's
+   CPU paths never call them compiled. Too late once megatron is imported (the decorators ran):
+   then it does nothing and returns False.
+
 Not patched (hpcrl avoids these paths instead): the pipeline schedules (`device="cuda"` in the token
 counter); the tied-embedding init sync across pipeline stages (`weight.data.cuda()`), which
 hpcrl.train.model performs itself over the embedding group.
 
-Public: `enable() -> bool`, `enable_optimizer() -> bool`, `is_active() -> bool`,
+Public: `enable() -> bool`, `enable_optimizer() -> bool`, `fusions_off_without_cuda() -> bool`, `is_active() -> bool`,
 `applied_patches() -> tuple[str, ...]`, `CpuRNGStatesTracker`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.abc
+import importlib.machinery
 import sys
 from collections.abc import Iterator
 
@@ -197,3 +209,38 @@ def is_active() -> bool:
 def applied_patches() -> tuple[str, ...]:
     """Names of the patches in force (empty when inactive)."""
     return tuple(_APPLIED)
+
+
+_JIT_MODULE = "megatron.core.jit"
+
+
+class _JitFuserOff(importlib.abc.MetaPathFinder):
+    """Finds `megatron.core.jit` as the path finder would and runs megatron's `disable_jit_fuser()` right
+    after the module executes (patch 6); removes itself once used."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != _JIT_MODULE:
+            return None
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+        if spec is None or spec.loader is None:
+            return spec
+        execute = spec.loader.exec_module
+
+        def exec_module(module) -> None:
+            execute(module)
+            module.disable_jit_fuser()
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def fusions_off_without_cuda() -> bool:
+    """Patch 6: megatron's fusion decorators become no-ops in this process when CUDA is absent. Call
+    before megatron-core is imported; True when it will take effect."""
+    if torch.cuda.is_available() or _JIT_MODULE in sys.modules:
+        return False
+    if not any(isinstance(finder, _JitFuserOff) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _JitFuserOff())
+    return True

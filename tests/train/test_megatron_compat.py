@@ -32,3 +32,30 @@ def test_enable_patches_nothing_when_cuda_is_faked_available_and_runs_megatron_o
     assert probe["tracker"] == "CpuRNGStatesTracker"
     assert probe["fork_streams_advance"]
     assert probe["logits_shape"] == (4, 8, 32)
+
+
+def test_fusions_off_keeps_torch_dynamo_out_of_a_process_that_imports_megatron():
+    """Patch 6, in a fresh interpreter: megatron-core imported after `fusions_off_without_cuda()` has a
+    no-op jit_fuser and never imported torch._dynamo; without the call it imports dynamo; called after
+    megatron is imported it does nothing and says so."""
+    import json
+    import subprocess
+    import sys
+
+    probe = (
+        "import json, sys\n"
+        "from hpcrl.train.megatron_compat import fusions_off_without_cuda as off\n"
+        "first = off() if sys.argv[1] == 'off' else None\n"
+        "import megatron.core\n"
+        "from megatron.core import jit\n"
+        "from megatron.core.fusions import fused_bias_swiglu\n"
+        "print(json.dumps([first, 'torch._dynamo' in sys.modules, jit.jit_fuser.__name__,\n"
+        "  fused_bias_swiglu.jit_fuser.__name__, off()]))\n"
+    )
+    seen = {}
+    for mode in ("off", "default"):
+        out = subprocess.run([sys.executable, "-c", probe, mode], capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        seen[mode] = json.loads(out.stdout.splitlines()[-1])
+    assert seen["off"] == [True, False, "noop_decorator", "noop_decorator", False]
+    assert seen["default"][:2] == [None, True] and seen["default"][3] == "compile"
