@@ -56,6 +56,7 @@ from hpcrl.distributed.env import DistEnv, init_process_group
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.experiment.stage_kinds import entrypoint_of
+from hpcrl.launcher.rank_server import serve
 from hpcrl.launcher.ranks import CONFIG_ERROR_EXIT, RankEnd, record_error
 from hpcrl.launcher.runlock import RunLocked, lock_targets, writer_lock
 from hpcrl.lifecycle import REQUEUE_SIGNAL, Lifecycle
@@ -271,9 +272,7 @@ def server_or_rank(argv: list[str]) -> int:
     (hpcrl.launcher.rank_server), which forks the W ranks from itself; each then runs `main`."""
     if len(argv) == 2:
         return main(argv)
-    from hpcrl.launcher.rank_server import serve
-
-    return serve(argv, main)
+    return serve(argv, main, lambda config_path: entrypoint_of(load_resolved(config_path)))
 
 
 if __name__ == "__main__":

@@ -14,8 +14,8 @@ way, so a killed launcher still takes every rank with it.
 
 Fork safety: before forking the server runs no torch op and initialises no CUDA (importing torch does
 neither; `fork_safety_problems` checks it) and has one Python thread, so a rank inherits no thread pool,
-CUDA context or lock held by another thread. Each rank gets its torchrun-style environment (hpcrl.launcher.ranks.
-rank_environ) before any of its code runs, default signal dispositions, and then leaves the server's
+CUDA context or lock held by another thread. Each rank gets its torchrun-style environment
+(`rank_environ`) before any of its code runs, default signal dispositions, and then leaves the server's
 stack by returning from `serve`: its interpreter exits the normal way (atexit, non-daemon threads).
 
 Files in DIR (the launcher's only view of ranks it did not fork): `<rank>.pid` once forked,
@@ -43,6 +43,9 @@ START_MODES = ("fork", "exec")
 benchmarks/startup.py, and a way out should some library not survive a fork. The launcher takes it from
 START_ENV."""
 START_ENV = "HPCRL_LOCAL_RANK_START"
+ERROR_FILE_ENV = "HPCRL_ERROR_FILE"
+"""Where a rank writes its error as JSON (rank, host, pid, error) before it exits non-zero
+(hpcrl.launcher.ranks.record_error; the launcher reads it)."""
 PRELOADED = ("torch", "torch.distributed", "megatron.core")
 """Imported by the server for every entrypoint (the entrypoint's own module is imported too)."""
 _PR_SET_PDEATHSIG = 1
@@ -67,18 +70,17 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def preload(config_path: str) -> list[str]:
-    """Import what every rank would import first: `PRELOADED` and the entrypoint's module. A config or
-    module that fails to load is skipped: each rank then fails on it and reports it, as without the
-    server. Returns the modules imported."""
-    from hpcrl.experiment.stage_kinds import entrypoint_of
-    from hpcrl.launcher.element import load_resolved
-    from hpcrl.train.megatron_compat import fusions_off_without_cuda
+def preload(entrypoint: Callable[[], str] | None = None) -> list[str]:
+    """Import what every rank would import first: `PRELOADED` and the module of `entrypoint()` (the
+    config's `module:function`). A config or module that fails to load is skipped: each rank then fails
+    on it and reports it, as without the server. Returns the modules imported."""
+    from hpcrl.train.megatron_compat import fusions_off_without_cuda  # imports torch: the server only
 
     fusions_off_without_cuda()
     names = list(PRELOADED)
-    with contextlib.suppress(Exception):  # the ranks report it, naming file and key
-        names.append(entrypoint_of(load_resolved(config_path)).partition(":")[0])
+    if entrypoint is not None:
+        with contextlib.suppress(Exception):  # the ranks report it, naming file and key
+            names.append(entrypoint().partition(":")[0])
     loaded = []
     for name in names:
         try:
@@ -104,14 +106,15 @@ def fork_safety_problems() -> list[str]:
     return problems
 
 
-def serve(argv: list[str], rank_main: Callable[[list[str]], int]) -> int:
+def serve(argv: list[str], rank_main: Callable[[list[str]], int], entrypoint_of: Callable[[str], str]) -> int:
     """The server's life: preload, fork the ranks, reap them. In a rank this returns `rank_main`'s exit
-    code (the rank leaves the server's stack here); in the server it returns 0 once every rank ended."""
+    code (the rank leaves the server's stack here); in the server it returns 0 once every rank ended.
+    `entrypoint_of(config_path)`: the config's `module:function` (hpcrl.launcher.element's reading)."""
     args = parse(argv)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     if args.start == "fork":
-        preload(args.config)
+        preload(lambda: entrypoint_of(args.config))
         problems = fork_safety_problems()
         if problems:  # the launcher then reports every rank ended as the server did, with this line
             print(f"hpcrl: the rank server cannot fork safely: {', '.join(problems)}", file=sys.stderr)
@@ -135,12 +138,10 @@ def _become_rank(
 ) -> int:
     """In the forked child: die with the server, take the rank's environment and default signal
     dispositions, run the rank."""
-    from hpcrl.launcher.ranks import rank_environ
-
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != server:  # the server died before the prctl: nobody will tell us
         os.kill(os.getpid(), signal.SIGKILL)
-    env = rank_environ(rank, args.ranks, args.port, {}, args.ends / f"{rank}.json")
+    env = rank_environ(rank, args.ranks, args.port, args.ends / f"{rank}.json")
     os.environ.clear()
     os.environ.update(env)
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -149,6 +150,27 @@ def _become_rank(
         os.execv(sys.executable, [sys.executable, "-m", "hpcrl.launcher.element", args.config, args.run_dir])
     sys.argv = [sys.argv[0], args.config, args.run_dir]
     return rank_main([args.config, args.run_dir])
+
+
+def rank_environ(rank: int, world: int, port: int, error_file: Path) -> dict[str, str]:
+    """This process's environment as rank `rank` of `world` sees it: torchrun-style variables, no
+    Slurm step of the launcher's own, and where to record its error."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("SLURM_PROCID", "SLURM_STEP_ID", "TORCHELASTIC_RUN_ID")
+    }
+    env.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+        GROUP_RANK="0",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    env[ERROR_FILE_ENV] = str(error_file)
+    return env
 
 
 def _reap(pids: dict[int, int], ends: Path) -> None:

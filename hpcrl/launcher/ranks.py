@@ -12,7 +12,8 @@
   that forked the server, so `start_ranks` must run on a thread that lives as long as the launcher (the
   main thread in `hpcrl run` and in the sweep runner). Not on Linux: no such guard (a warning says so).
 - The server records each rank's pid and how it ended; every rank records the first line of its error
-  in its own file (ERROR_FILE_ENV, written by hpcrl.launcher.element), so the launcher can say which rank died, on which host, by which signal or
+  in its own file (ERROR_FILE_ENV, written by hpcrl.launcher.element), so the launcher can say which
+  rank died, on which host, by which signal or
   exit code, and why, instead of the peers' "Connection reset by peer".
 
 `supervise` is the wait: when one rank ends badly, the others get `grace_s` to end on their own (they
@@ -42,10 +43,8 @@ from pathlib import Path
 from typing import IO
 
 from hpcrl.distributed.spawn import free_port
-from hpcrl.launcher.rank_server import START_ENV, end_path, pid_path, read_record
+from hpcrl.launcher.rank_server import ERROR_FILE_ENV, START_ENV, end_path, pid_path, read_record
 
-ERROR_FILE_ENV = "HPCRL_ERROR_FILE"
-"""Where a rank writes its error as JSON (rank, host, pid, error) before it exits non-zero."""
 CONFIG_ERROR_EXIT = 2
 """A rank's exit code for a config error (hpcrl.errors.ConfigError): it is the job's exit code too."""
 RANK_DIED_EXIT = 3
@@ -180,26 +179,6 @@ def _read_error(path: Path) -> dict:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
-
-
-def rank_environ(rank: int, world: int, port: int, extra: dict[str, str], error_file: Path) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("SLURM_PROCID", "SLURM_STEP_ID", "TORCHELASTIC_RUN_ID")
-    }
-    env.update(extra)
-    env.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
-        LOCAL_WORLD_SIZE=str(world),
-        GROUP_RANK="0",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
-    env[ERROR_FILE_ENV] = str(error_file)
-    return env
 
 
 def start_ranks(

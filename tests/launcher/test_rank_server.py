@@ -33,7 +33,7 @@ def test_after_its_imports_the_server_has_no_cuda_and_one_python_thread():
     seen = _in_fresh_python(
         "import json, importlib, sys, threading\n"
         "from hpcrl.launcher import rank_server as r\n"
-        "loaded = r.preload('/nonexistent/config.yaml')\n"  # no config: the fixed list only
+        "loaded = r.preload()\n"  # no entrypoint: the fixed list only
         "importlib.import_module('hpcrl.rl.job')\n"
         "import torch\n"
         "print(json.dumps({'loaded': loaded, 'cuda': torch.cuda.is_initialized(),\n"
