@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         help="Alternating repetitions of the loop with and without an async save (1.5 s each pair): a "
         "min over more of them is robust to other processes sharing the CPU.",
     )
-    parser.add_argument("--results", default=str(Path(__file__).parent / "results"))
+    parser.add_argument("--results", default=str(Path.cwd() / "results"))
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     directory = Path(tempfile.mkdtemp(prefix="hpcrl-ckpt-bench-", dir=args.dir))

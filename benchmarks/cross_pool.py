@@ -9,7 +9,7 @@ ranks, one spawn for the whole table) both transfers run on the same model in th
 Printed per pair: bytes received per rollout rank (max) vs the bound (its generation shard), the most any
 training rank sent vs its even share rounded up, and the wall time (max over ranks, median of reps).
 
-    python benchmarks/cross_pool.py [--results-dir benchmarks/results] [--reps 5] [--hidden 256]
+    python benchmarks/cross_pool.py [--results-dir results] [--reps 5] [--hidden 256]
 
 Last line: `cross_pool: bytes/bound=<x> bytes/broadcast=<y> max_send/share=<z> time/broadcast=<w> at <pair>`
 (goals: 1.000, 1/(t_g·p_g), <= 1.000).
@@ -158,7 +158,7 @@ def summarize(results: list, pairs: list, hidden: int, reps: int) -> tuple[list[
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--results-dir", default=str(REPO / "benchmarks" / "results"))
+    parser.add_argument("--results-dir", default=str(Path.cwd() / "results"))
     parser.add_argument("--reps", type=int, default=5, help="timed repetitions per transfer and pair")
     parser.add_argument("--hidden", type=int, default=256, help="model width (vocab 16x, ffn 4x, 8 layers)")
     args = parser.parse_args(argv)

@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=10, help="kills per checkpoint mode")
     parser.add_argument("--seed", type=int, default=0, help="of the kill times")
-    parser.add_argument("--results-dir", default=str(REPO / "benchmarks" / "results"))
+    parser.add_argument("--results-dir", default=str(Path.cwd() / "results"))
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
     work = Path(tempfile.mkdtemp(prefix="hpcrl-kill-trials-"))

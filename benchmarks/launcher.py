@@ -154,7 +154,7 @@ def main() -> int:
         default=None,
         help="MaxArraySize the sbatch call count is checked against (the dry run asks scontrol, else 1001).",
     )
-    ap.add_argument("--results-dir", default=str(REPO / "results"))
+    ap.add_argument("--results-dir", default=str(Path.cwd() / "results"))
     args = ap.parse_args()
     tasks = sorted(args.tasks)
     baseline = jsonargparse_ms_per_config()

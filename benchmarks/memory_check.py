@@ -33,7 +33,7 @@ def parse_sets(items: list[str]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--results-dir", default=str(REPO / "benchmarks" / "results"))
+    parser.add_argument("--results-dir", default=str(Path.cwd() / "results"))
     parser.add_argument("--template", default=str(REPO / "templates" / "grpo_tiny.yaml"))
     parser.add_argument("--set", action="append", default=[], help="dotted.key=value override (repeatable)")
     parser.add_argument("--label", default=None, help="model_size label (default: parameter count)")

@@ -7,7 +7,7 @@ repetitions). The bound is HybridFlow Table 2's (d_g−1)/(t·p)·M_split per ra
 (t·p−1)/(t·p)·M_split. Bytes compared are the TP-split parameters' (norms travel separately, on the
 stage-merge group, and are listed in the `norm B` column).
 
-    python benchmarks/reshard.py [--results-dir benchmarks/results] [--reps 3] [--hidden 256]
+    python benchmarks/reshard.py [--results-dir results] [--reps 3] [--hidden 256]
 
 Last line: `reshard: bytes/bound=<x> bytes/naive=<y> time/naive=<z> at t=4,p=2->t_g=2,p_g=1`
 (goals: 1.000, <= 0.43, <= 0.6).
@@ -267,7 +267,7 @@ def plot(rows: list, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--results-dir", default=str(REPO / "benchmarks" / "results"))
+    parser.add_argument("--results-dir", default=str(Path.cwd() / "results"))
     parser.add_argument("--reps", type=int, default=5, help="timed repetitions per engine and pair")
     parser.add_argument("--hidden", type=int, default=256, help="model width (vocab 16x, ffn 4x, 8 layers)")
     parser.add_argument("--bucket-mb", type=float, default=4.0, help="all-gather bucket (staging) size")

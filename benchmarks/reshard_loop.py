@@ -12,7 +12,7 @@ bytes faster with this collective on this machine. Max over ranks per repetition
 back in every repetition, and the headline is the median of the per-repetition ratios (load swings on
 a shared 2-core VM hit both sides of a pair alike).
 
-    python benchmarks/reshard_loop.py [--hidden 256] [--reps 9] [--results-dir benchmarks/results]
+    python benchmarks/reshard_loop.py [--hidden 256] [--reps 9] [--results-dir results]
 
 Last line: `reshard-in-loop: time/allgather=<x>` (goal <= 1.2).
 """
@@ -109,7 +109,7 @@ def bench_rank(rank: int, world: int, hidden: int, reps: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--results-dir", default=str(REPO / "benchmarks" / "results"))
+    parser.add_argument("--results-dir", default=str(Path.cwd() / "results"))
     parser.add_argument("--reps", type=int, default=9)
     parser.add_argument("--hidden", type=int, default=256, help="model width (vocab 16x, ffn 4x, 8 layers)")
     args = parser.parse_args(argv)

@@ -61,7 +61,7 @@ def phase_records(rows: list[dict], warmup: int, layout: str, model_size: str) -
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--results-dir", default=str(REPO / "benchmarks" / "results"))
+    parser.add_argument("--results-dir", default=str(Path.cwd() / "results"))
     parser.add_argument("--template", default=str(REPO / "templates" / "grpo_tiny.yaml"))
     parser.add_argument("--steps", type=int, default=15)
     parser.add_argument("--warmup", type=int, default=10)

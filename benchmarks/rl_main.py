@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--template", default="templates/grpo_tiny.yaml")
     parser.add_argument("--seeds", default="0-9", help='"0-9" or "0,3,7"')
-    parser.add_argument("--results-dir", default=str(REPO / "benchmarks" / "results"))
+    parser.add_argument("--results-dir", default=str(Path.cwd() / "results"))
     # anything else is passed to `hpcrl run`, e.g. --algorithm.steps 300
     args, overrides = parser.parse_known_args(argv)
 

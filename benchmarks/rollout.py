@@ -5,7 +5,7 @@ The engine adds what RL needs on top of `generate` (left padding of ragged promp
 sampled tokens at the sampling temperature, EOS masks); the ratio says what that costs. Tokens/s counts
 generated tokens (batch x new tokens, min_new_tokens forces full length so both sides do equal work).
 
-    python benchmarks/rollout.py [--results-dir benchmarks/results] [--reps 3] [--hidden 256]
+    python benchmarks/rollout.py [--results-dir results] [--reps 3] [--hidden 256]
 
 Last line: `rollout: engine/generate=<x>` (tokens/s of hpcrl's HF engine over plain generate).
 
@@ -37,7 +37,7 @@ from hpcrl.bench.records import Record, write_records  # noqa: E402
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--results-dir", default=str(REPO / "benchmarks" / "results"))
+    parser.add_argument("--results-dir", default=str(Path.cwd() / "results"))
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=64)

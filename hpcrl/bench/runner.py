@@ -4,22 +4,29 @@ A suite template (templates/bench/*.yaml):
 
     results_dir: bench-results/cpu      # relative to the repo root; every program writes its records here
     timeout_s: 300                      # default per program
+    smoke_timeout_s: 120                # optional: per program under --smoke (default: its timeout_s)
+    needs_cuda: false                   # optional: true when its programs need a GPU
     programs:
       - name: reshard                   # label (and log file name)
         module: benchmarks.reshard      # run as `python -m <module> --results-dir <dir> <args...>`
         args: ["--reps", "2"]
+        smoke_args: ["--reps", "1"]     # optional: its smallest run that still writes a record
         results_flag: --results-dir     # optional: the program's flag for the results directory
         timeout_s: 120                  # optional
 
 Programs run from the repository root (the directory holding the template's `benchmarks/`), one after
 the other; stdout+stderr go to <results_dir>/logs/<name>.log; exit code, duration and timeout of each
-are written to <results_dir>/runs.json and printed. A failing program is reported and the next runs.
+are written to <results_dir>/runs.json and printed. A failing program is reported and the next runs;
+one past its timeout is killed with its children.
+`--smoke` (hpcrl.bench.smoke) runs every program with its `smoke_args` and checks its records.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -45,6 +52,9 @@ class Program:
     """Run as `python -m <module> <results_flag> <results_dir> <args...>` from the repository root."""
     args: list[str | int | float] = field(default_factory=list)
     """Extra arguments; numbers are passed as their text."""
+    smoke_args: list[str | int | float] | None = None
+    """The arguments of its smallest run that still writes a record (`hpcrl bench run --smoke`, CI's
+    check that it still works); None: `args`."""
     results_flag: str = "--results-dir"
     """The program's option that takes the results directory."""
     timeout_s: float | None = None
@@ -61,6 +71,10 @@ class SuiteTemplate:
     """The programs, run in this order; each a mapping of Program's fields."""
     timeout_s: float = 300.0
     """Default per-program timeout in seconds."""
+    smoke_timeout_s: float | None = None
+    """Per-program timeout of a --smoke run, in seconds (bounds a hang in CI); None: each its timeout_s."""
+    needs_cuda: bool = False
+    """Its programs need a GPU: where CUDA is absent, --smoke only imports each one (`--help`)."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +84,8 @@ class Suite:
     """Repository root the programs run from."""
     results_dir: Path
     programs: list[Program]
+    smoke_timeout_s: float | None = None
+    needs_cuda: bool = False
 
 
 @dataclass
@@ -120,16 +136,23 @@ def load_suite(path: str | Path) -> Suite:
         raise ConfigError(problems)
     suite = build(SuiteTemplate, checked)
     programs = [p if p.timeout_s is not None else replace(p, timeout_s=suite.timeout_s) for p in programs]
-    return Suite(path=path, root=root, results_dir=root / suite.results_dir, programs=programs)
+    return Suite(
+        path=path,
+        root=root,
+        results_dir=root / suite.results_dir,
+        programs=programs,
+        smoke_timeout_s=suite.smoke_timeout_s,
+        needs_cuda=suite.needs_cuda,
+    )
 
 
 def _suite_problems(checked: dict[str, Any], programs: list[Program], file: str) -> list[Problem]:
     """The suite's rules beyond its types: a positive timeout, a results dir, programs, unique names."""
-    problems = []
-    if "timeout_s" in checked and not checked["timeout_s"] > 0:  # NaN too
-        problems.append(
-            Problem(f"must be a positive number, got {checked['timeout_s']!r}", file, "timeout_s")
-        )
+    problems = [
+        Problem(f"must be a positive number, got {checked[key]!r}", file, key)
+        for key in ("timeout_s", "smoke_timeout_s")
+        if checked.get(key) is not None and not checked[key] > 0  # NaN too
+    ]
     if checked.get("results_dir") == "":
         problems.append(
             Problem("required: the directory the programs write records into", file, "results_dir")
@@ -184,31 +207,54 @@ def _module_exists(root: Path, module: str) -> bool:
 
 def run_suite(suite: Suite, *, echo=print) -> list[ProgramRun]:
     """Run every program in order; return their runs (also written to <results_dir>/runs.json)."""
+    runs = [run_program(suite, program, echo=echo) for program in suite.programs]
+    write_runs(suite.results_dir, runs)
+    return runs
+
+
+def run_program(
+    suite: Suite, program: Program, *, echo=print, env: dict[str, str] | None = None
+) -> ProgramRun:
+    """Run one program from the repo root, its output into <results_dir>/logs/<name>.log; `env`: its
+    environment (default: this process's)."""
     logs = suite.results_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    runs: list[ProgramRun] = []
-    for program in suite.programs:
-        command = [
-            sys.executable,
-            "-m",
-            program.module,
-            program.results_flag,
-            str(suite.results_dir),
-            *map(str, program.args),
-        ]
-        log = logs / f"{program.name}.log"
-        echo(f"[bench] {program.name}: {' '.join(command[1:])}")
-        start = time.monotonic()
-        with log.open("w") as fh:
-            try:
-                code: int | None = subprocess.run(
-                    command, cwd=suite.root, stdout=fh, stderr=subprocess.STDOUT, timeout=program.timeout_s
-                ).returncode
-            except subprocess.TimeoutExpired:
-                code = None
-        run = ProgramRun(program.name, command, code, time.monotonic() - start, str(log))
-        runs.append(run)
-        status = "ok" if run.ok else ("TIMEOUT" if code is None else f"FAILED (exit {code})")
-        echo(f"[bench] {program.name}: {status} in {run.duration_s:.1f} s (log: {log})")
-    (suite.results_dir / "runs.json").write_text(json.dumps([asdict(r) for r in runs], indent=1) + "\n")
-    return runs
+    command = [
+        sys.executable,
+        "-m",
+        program.module,
+        program.results_flag,
+        str(suite.results_dir),
+        *map(str, program.args),
+    ]
+    log = logs / f"{program.name}.log"
+    echo(f"[bench] {program.name}: {' '.join(command[1:])}")
+    start = time.monotonic()
+    with log.open("w") as fh:
+        proc = subprocess.Popen(
+            command, cwd=suite.root, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        code = _wait(proc, program.timeout_s)
+    run = ProgramRun(program.name, command, code, time.monotonic() - start, str(log))
+    status = "ok" if run.ok else ("TIMEOUT" if code is None else f"FAILED (exit {code})")
+    echo(f"[bench] {program.name}: {status} in {run.duration_s:.1f} s (log: {log})")
+    return run
+
+
+def _wait(proc: subprocess.Popen, timeout_s: float | None) -> int | None:
+    """Its exit code, or None when it ran past `timeout_s`. Then, or when this process is interrupted,
+    its whole process group is killed: a program's own children (`hpcrl run`, spawned ranks) would
+    outlive it. Killed before it is reaped, so the group id cannot have been reused."""
+    try:
+        return proc.wait(timeout=timeout_s)
+    except BaseException as err:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        if isinstance(err, subprocess.TimeoutExpired):
+            return None
+        raise
+
+
+def write_runs(results_dir: Path, runs: list[ProgramRun]) -> None:
+    """<results_dir>/runs.json: each program's command, exit code, duration and log."""
+    (results_dir / "runs.json").write_text(json.dumps([asdict(r) for r in runs], indent=1) + "\n")

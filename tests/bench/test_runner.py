@@ -75,6 +75,21 @@ def test_suite_continues_past_failures_and_records_runs(tmp_path, capsys):
     )
 
 
+def test_a_program_past_its_timeout_is_killed_with_its_children(tmp_path):
+    repo = make_repo(tmp_path)
+    (repo / "benchmarks" / "forks.py").write_text(
+        "import argparse, pathlib, subprocess, sys, time\np = argparse.ArgumentParser()\n"
+        "p.add_argument('--results-dir')\na = p.parse_args()\npathlib.Path(a.results_dir).mkdir(exist_ok=True)\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        "pathlib.Path(a.results_dir, 'child.pid').write_text(str(child.pid))\ntime.sleep(60)\n"
+    )
+    text = "results_dir: r\nprograms: [{name: forks, module: benchmarks.forks, timeout_s: 5}]\n"
+    [run] = run_suite(load_suite(write_suite(repo, text)), echo=lambda _: None)
+    assert run.exit_code is None
+    status = Path(f"/proc/{(repo / 'r' / 'child.pid').read_text()}/status")
+    assert not status.exists() or "\nState:\tZ" in status.read_text()  # gone, or dead and not yet reaped
+
+
 def test_programs_run_from_the_repo_root(tmp_path):
     repo = make_repo(tmp_path)
     (repo / "benchmarks" / "cwd.py").write_text(
