@@ -77,3 +77,20 @@ def slurm_cluster():
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SLURM_CONF", str(cluster.slurm_conf))
         yield cluster
+
+
+@pytest.fixture(scope="session")
+def sft_copy_export(tmp_path_factory):
+    """One trained policy per pytest run, shared read-only: `hpcrl run templates/sft_tiny.yaml --data.task
+    copy_digits` (150 steps, held-out exact match 1.0), its `hf/` export. The distillation tests take it
+    as their teacher (tests/rl/test_distill.py, tests/recovery/test_exactly_once_distill.py)."""
+    from pathlib import Path
+
+    from hpcrl import cli
+
+    root = tmp_path_factory.mktemp("sft_copy")
+    template = Path(__file__).resolve().parents[1] / "templates" / "sft_tiny.yaml"
+    quiet = ["--logging.tensorboard=false", "--logging.progress=false", "--logging.plot=false"]
+    assert cli.main(["run", str(template), "--data.task=copy_digits", f"--run_root={root}", *quiet]) == 0
+    [hf] = list(root.glob("sft_tiny/*/hf"))
+    return hf

@@ -46,8 +46,19 @@ START_ENV = "HPCRL_LOCAL_RANK_START"
 ERROR_FILE_ENV = "HPCRL_ERROR_FILE"
 """Where a rank writes its error as JSON (rank, host, pid, error) before it exits non-zero
 (hpcrl.launcher.ranks.record_error; the launcher reads it)."""
-PRELOADED = ("torch", "torch.distributed", "megatron.core")
-"""Imported by the server for every entrypoint (the entrypoint's own module is imported too)."""
+PRELOADED = (
+    "torch",
+    "torch.distributed",
+    "megatron.core",
+    "megatron.core.models.gpt",
+    "transformers",
+    "transformers.modeling_utils",
+    "transformers.models.llama.modeling_llama",
+    "hpcrl.train.model",
+)
+"""Imported by the server for every entrypoint (the entrypoint's own module is imported too): what a
+rank of any stage imports first and slowly (measured: without the transformers modules each forked rank
+still imported transformers' model code, accelerate and kernels, ~3 s of CPU)."""
 _PR_SET_PDEATHSIG = 1
 
 

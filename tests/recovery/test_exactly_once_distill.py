@@ -9,19 +9,14 @@ from __future__ import annotations
 
 import pytest
 
-from hpcrl import cli
 from tests.recovery._runs import TEMPLATES, assert_kill_and_rerun_is_exactly_once
-
-REPO = TEMPLATES.parents[1]
 
 
 @pytest.mark.slow
-def test_distill_sigkilled_after_a_checkpoint_then_rerun_equals_the_uninterrupted_run(tmp_path):
-    teacher_root = tmp_path / "teacher"
-    argv = ["run", str(REPO / "templates" / "sft_tiny.yaml"), "--data.task=copy_digits"]
-    argv += [f"--run_root={teacher_root}", "--logging.progress=false", "--logging.tensorboard=false"]
-    assert cli.main(argv) == 0
-    [teacher] = list(teacher_root.glob("sft_tiny/*/hf"))
+def test_distill_sigkilled_after_a_checkpoint_then_rerun_equals_the_uninterrupted_run(
+    tmp_path, sft_copy_export
+):
+    teacher = sft_copy_export  # the session's SFT policy on the copy task (tests/conftest.py)
     template = tmp_path / "distill_exactly_once.yaml"
     template.write_text(
         f"extends: {TEMPLATES / 'grpo_exactly_once.yaml'}\nname: distill_exactly_once\n"

@@ -92,17 +92,10 @@ def test_a_hostile_teacher_path_is_exit_2_naming_the_key(tmp_path, capsys, hosti
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.fixture(scope="module")
-def teacher(tmp_path_factory) -> Path:
-    """`hpcrl run templates/sft_tiny.yaml --data.task copy_digits` (150 steps, ~6 s): its `hf/` export
-    is the teacher."""
-    root = tmp_path_factory.mktemp("teacher")
-    from hpcrl import cli
-
-    argv = ["run", str(REPO / "templates" / "sft_tiny.yaml"), "--data.task=copy_digits", f"--run_root={root}"]
-    assert cli.main([*argv, *QUIET]) == 0
-    [hf] = list(root.glob("sft_tiny/*/hf"))
-    return hf
+@pytest.fixture
+def teacher(sft_copy_export) -> Path:
+    """sft_tiny's export on the copy task (the session's shared SFT policy, tests/conftest.py)."""
+    return sft_copy_export
 
 
 def _heldout(root: Path) -> list[tuple[int, float]]:
