@@ -48,6 +48,7 @@ def write_suite(repo: Path, text: str) -> Path:
     return path
 
 
+@pytest.mark.heavy
 def test_suite_continues_past_failures_and_records_runs(tmp_path, capsys):
     repo = make_repo(tmp_path)
     suite = write_suite(
@@ -75,6 +76,7 @@ def test_suite_continues_past_failures_and_records_runs(tmp_path, capsys):
     )
 
 
+@pytest.mark.heavy
 def test_a_program_past_its_timeout_is_killed_with_its_children(tmp_path):
     repo = make_repo(tmp_path)
     (repo / "benchmarks" / "forks.py").write_text(

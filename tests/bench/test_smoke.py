@@ -56,6 +56,7 @@ def toy_repo(tmp_path: Path) -> Path:
     return repo
 
 
+@pytest.mark.heavy
 def test_smoke_fails_naming_each_broken_program_and_passes_the_good_ones(tmp_path, capsys):
     repo = toy_repo(tmp_path)
     suite = write_suite(
@@ -113,6 +114,7 @@ def test_smoke_without_results_dir_uses_a_fresh_temporary_dir(tmp_path, capsys):
         shutil.rmtree(where, ignore_errors=True)
 
 
+@pytest.mark.heavy
 def test_results_dir_overrides_the_suites_without_smoke(tmp_path, monkeypatch):
     repo = toy_repo(tmp_path)
     suite = write_suite(
@@ -174,6 +176,7 @@ def unlisted_modules() -> list[str]:
     return sorted(every - listed)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("module", unlisted_modules())
 def test_programs_no_suite_lists_import_and_build_their_options(module):
     proc = subprocess.run(
@@ -182,6 +185,7 @@ def test_programs_no_suite_lists_import_and_build_their_options(module):
     assert proc.returncode == 0, f"{module}: {proc.stderr[-2000:]}"
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 @pytest.mark.beside_slurm
 @pytest.mark.parametrize("suite", SUITES, ids=lambda p: p.stem)

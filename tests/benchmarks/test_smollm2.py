@@ -75,6 +75,7 @@ def _step_rows(run_root: Path) -> list[dict]:
     return sorted((r for r in rows if "time/step_s" in r), key=lambda r: r["step"])
 
 
+@pytest.mark.heavy
 def test_converted_model_is_smollm2_135m_and_megatron_logits_match_hf(hf_dir):
     assert smollm2.convert_to_hf().params == 134_515_008  # SmolLM2-135M, tied embeddings
     prompts = ["Q: 12+7=19\nQ: 31+25=", "The capital of France is"]
@@ -85,6 +86,7 @@ def test_converted_model_is_smollm2_135m_and_megatron_logits_match_hf(hf_dir):
     assert check["argmax_agree"] == 1.0, check
 
 
+@pytest.mark.heavy
 def test_one_grpo_step_of_the_real_job_logs_phase_rates_and_rewards(hf_dir, tmp_path):
     data = smollm2.write_addition_jsonl(tmp_path / "addition.jsonl", count=40)
     rows, _ = smollm2.run_grpo(hf_dir, data, steps=1, extra=["--data.heldout_size", "8"])
@@ -116,6 +118,7 @@ def test_a_template_naming_only_hf_path_expands_plans_and_dry_runs_with_config_j
     assert "num_attention_heads=9 not divisible by tensor=2" in capsys.readouterr().err
 
 
+@pytest.mark.heavy
 def test_run_at_t3_interrupted_resumed_and_exported_for_transformers(hf_dir, tmp_path):
     """The user's path: `hpcrl run` (megatron engine, t=3 -> t_g=3), Ctrl-C after the first step (every
     rank saves at the step boundary, exit 130; cluster.stop_grace_s gives a step of a 135M model on

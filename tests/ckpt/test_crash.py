@@ -59,6 +59,7 @@ def _one_trial(zygote, root, async_save: bool, label: str, occurrence: int) -> i
     return result["promised"]
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 @pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
 def test_sigkill_during_saves_never_breaks_latest(tmp_path, zygote, async_save):

@@ -47,6 +47,7 @@ def _lines_seen(metrics: Path) -> int:
     return len(metrics.read_text().splitlines()) if metrics.exists() else 0
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_sigkill_at_a_random_step_then_resume_is_bitwise_identical(tmp_path):
     reference_root, reference_log = tmp_path / "ref", tmp_path / "ref.jsonl"

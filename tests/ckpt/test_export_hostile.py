@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 from hpcrl.cli import main
 from tests.hostile_paths import Sandbox, hostile_paths
 
+pytestmark = pytest.mark.heavy  # its shared fixtures train or spawn for seconds (launch/test.sh --quick)
+
 REPO = Path(__file__).resolve().parents[2]
 QUIET = ("--logging.tensorboard", "false", "--logging.plot", "false", "--logging.progress", "false")
 

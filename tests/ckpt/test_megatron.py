@@ -34,6 +34,7 @@ def test_resume_under_another_layout_continues_training_like_the_uninterrupted_r
             assert torch.allclose(got["weights"][name], tensor_, atol=1e-5), name
 
 
+@pytest.mark.heavy
 def test_hf_export_loads_and_matches_megatron_logits(saved_t2, tmp_path):
     root, _ = saved_t2
     out = export_hf(root / "step_00000002", tmp_path / "hf")

@@ -180,6 +180,7 @@ def _check_outcome(root: Path, specs, *, fallback: bool, what: str) -> int | Non
     return step
 
 
+@pytest.mark.heavy
 @settings(
     max_examples=200,
     deadline=None,

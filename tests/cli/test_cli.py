@@ -43,6 +43,7 @@ def test_help_lists_commands_and_the_flags_a_user_needs(capsys):
     assert "--cluster.tasks_per_node" not in out and "Override" not in out  # no per-key lines
 
 
+@pytest.mark.heavy
 def test_help_config_documents_every_key_from_its_field_docstring(capsys):
     code, out, _ = run_cli(capsys, "submit", "--help-config")
     assert code == 0
@@ -70,6 +71,7 @@ def test_mistyped_command_line_keys_get_the_closest_key(capsys, tmp_path):
     assert code == 2 and "(did you mean '--json'?)" in err
 
 
+@pytest.mark.heavy
 def test_a_closed_pipe_ends_quietly_like_git_log_piped_to_head(tmp_path):
     """Enough JSON lines that the reader is gone while hpcrl still writes (a pipe holds 64 KiB)."""
     template = tmp_path / "t.yaml"

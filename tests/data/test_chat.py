@@ -154,6 +154,7 @@ def test_sft_loss_ignores_system_user_and_tool_tokens():
     assert all(torch.equal(a, b) for a, b in zip(grads, other, strict=True))
 
 
+@pytest.mark.heavy
 def test_expand_refuses_a_malformed_chat_file_naming_file_row_and_key(tmp_path):
     """The data file is read at expand: a bad row, or chat rows for a tokenizer without role tokens, is
     exit 2 naming the file, the row and the key."""

@@ -153,6 +153,7 @@ def test_single_process_group_needs_no_port():
         dist.destroy_process_group()
 
 
+@pytest.mark.heavy
 @pytest.mark.dist
 def test_two_torchrun_style_processes_form_a_group():
     port = str(free_port())

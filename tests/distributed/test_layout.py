@@ -139,6 +139,7 @@ def _groups_rank(rank: int, world_size: int) -> dict:
     return out
 
 
+@pytest.mark.heavy
 @pytest.mark.dist
 def test_create_groups_all_reduce_sums_group_members():
     layout = ParallelLayout(tensor=2, pipeline=2, rollout_tensor=1, rollout_pipeline=1)

@@ -78,6 +78,7 @@ def test_oversized_requests_are_exit_2_one_line_each_and_nothing_is_submitted(a1
     assert not (sweep_dir / "slurm").exists() and queued(a100_cluster) == before
 
 
+@pytest.mark.heavy
 def test_without_accounting_a_failure_shows_its_reason_and_resume_reruns_it(a100_cluster, tmp_path, capsys):
     template = tmp_path / "t.yaml"
     template.write_text(

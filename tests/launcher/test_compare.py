@@ -37,6 +37,7 @@ def _write_metrics(run_dir: str, rows: list) -> None:
     (Path(run_dir) / "metrics.jsonl").write_text("\n".join(lines) + "\n")
 
 
+@pytest.mark.heavy
 @pytest.mark.dist
 def test_a_finished_local_sweep_compared_by_the_command(tmp_path, capsys):
     template = _template(tmp_path, "sweep: {grid: {seed: [0, 1]}}\n")

@@ -31,6 +31,7 @@ import typing
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from jsonargparse import ArgumentParser
@@ -350,6 +351,7 @@ def check_dry_run(case: Case, out: str, new: set[Path]) -> None:
             event("a marked hostile value was found in the scripts and checked as data")
 
 
+@pytest.mark.heavy
 @settings(
     max_examples=int(os.environ.get("HPCRL_FUZZ_EXAMPLES", "500")),
     deadline=None,

@@ -80,6 +80,7 @@ def test_manifest_round_trips_and_rejects_bad_indices(tmp_path):
     assert cli.main(["status", str(tmp_path)]) == 2
 
 
+@pytest.mark.heavy
 @pytest.mark.slurm
 def test_submit_with_slurm_unreachable_is_exit_1_and_writes_nothing(
     slurm_cluster, tmp_path, monkeypatch, capsys

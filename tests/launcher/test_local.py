@@ -32,6 +32,7 @@ def test_run_one_rank_in_process_prints_run_dir_first(tmp_path, capsys):
     assert json.loads((run_dir / "launcher.json").read_text())["state"] == "COMPLETED"
 
 
+@pytest.mark.heavy
 @pytest.mark.dist
 def test_run_two_local_ranks_forms_a_group(tmp_path, capsys):
     template = tmp_path / "t.yaml"
@@ -51,6 +52,7 @@ def test_run_of_a_sweep_needs_an_index(tmp_path, capsys):
     assert "pick one with --index" in capsys.readouterr().err
 
 
+@pytest.mark.heavy
 @pytest.mark.dist
 def test_local_sweep_is_non_blocking_and_reports_status(tmp_path, capsys):
     gate = tmp_path / "gate"  # the probe ranks wait for this file: no element can finish before it exists

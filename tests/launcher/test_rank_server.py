@@ -27,6 +27,7 @@ def _in_fresh_python(code: str) -> dict:
     return json.loads(out.stdout.splitlines()[-1])
 
 
+@pytest.mark.heavy
 def test_after_its_imports_the_server_has_no_cuda_and_one_python_thread():
     """What a rank inherits: the server preloads torch, megatron-core and the RL entrypoint; none of that
     initialises CUDA or starts a Python thread (a forked child keeps only the forking thread)."""
@@ -72,6 +73,7 @@ def _template(tmp_path: Path, ranks: int) -> Path:
     return template
 
 
+@pytest.mark.heavy
 @pytest.mark.dist
 @pytest.mark.parametrize("mode", ["fork", "exec"])
 def test_ranks_are_children_of_the_server_which_leads_their_group(tmp_path, capsys, monkeypatch, mode):

@@ -112,6 +112,7 @@ def test_a_rank_end_names_the_rank_its_host_and_how_it_ended():
     )
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_ctrl_c_of_hpcrl_run_stops_both_ranks(tmp_path):
     launcher = _grpo(tmp_path)
@@ -123,6 +124,7 @@ def test_ctrl_c_of_hpcrl_run_stops_both_ranks(tmp_path):
     assert "hpcrl: SIGINT: stopping the ranks" in log
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_sigkill_of_rank_0_is_reported_as_that_rank_and_the_exit_code_says_a_rank_died(tmp_path):
     """Before: exit code 247 (-9 of rank 0 passed on as is) and only rank 1's gloo 'Connection reset by
@@ -139,6 +141,7 @@ def test_sigkill_of_rank_0_is_reported_as_that_rank_and_the_exit_code_says_a_ran
     )
 
 
+@pytest.mark.heavy
 def test_sigkill_of_the_launcher_takes_its_ranks_with_it(tmp_path):
     launcher = _probe(tmp_path)
     pids = _running_with_two_ranks(launcher, tmp_path, logged_a_step=False)
@@ -147,6 +150,7 @@ def test_sigkill_of_the_launcher_takes_its_ranks_with_it(tmp_path):
     _all_gone(pids, 120, tmp_path / "run.log")
 
 
+@pytest.mark.heavy
 def test_a_sigkilled_rank_0_does_not_leave_launcher_json_saying_running(tmp_path):
     """Rank 0 writes RUNNING once the group formed and its own end when it can; SIGKILLed it cannot, and
     launcher.json said RUNNING for good. The launcher that saw it die records how."""

@@ -130,6 +130,7 @@ def test_the_run_dirs_the_readme_shows_are_the_templates_config_ids(capsys, monk
         assert json.loads(capsys.readouterr().out.splitlines()[0])["config_id"] == shown_id, name
 
 
+@pytest.mark.heavy
 def test_the_override_example_of_the_main_job_runs(tmp_path):
     """Two ranks from the layout alone (locally tasks_per_node follows it); 2 steps keep it short."""
     argv = [*shlex.split(RUN_EXAMPLE)[1:], "--algorithm.steps", "2", "--run_root", str(tmp_path)]

@@ -89,6 +89,7 @@ def _wait_for(condition, timeout_s: float, what: str) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_a_second_hpcrl_run_on_the_same_run_dir_exits_2_at_once_and_the_first_is_untouched(tmp_path):
     runs = tmp_path / "runs"

@@ -44,6 +44,7 @@ def array_jobs_named(cluster, name: str) -> set[str]:
     return set(queued) | {job.split("_")[0] for job in done.split()}
 
 
+@pytest.mark.heavy
 def test_sweep_of_24_is_one_array_and_all_complete(slurm_cluster, tmp_path, capsys):
     template = REPO / "templates/sweeps/probe-24.yaml"
     name = f"p24-{uuid.uuid4().hex[:6]}"
@@ -71,6 +72,7 @@ def test_sweep_of_24_is_one_array_and_all_complete(slurm_cluster, tmp_path, caps
         )
 
 
+@pytest.mark.heavy
 def test_element_over_two_nodes_forms_a_four_rank_group(slurm_cluster, tmp_path, capsys):
     sweep_dir = tmp_path / "sweep"
     assert (
@@ -96,6 +98,7 @@ def test_element_over_two_nodes_forms_a_four_rank_group(slurm_cluster, tmp_path,
     assert "Job completed successfully" in capsys.readouterr().out
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_cancel_one_index_then_resume_reruns_only_failed_and_cancelled(slurm_cluster, tmp_path, capsys):
     gate = tmp_path / "gate"  # the elements wait for it: none can complete before element 3 is seen cancelled
@@ -159,6 +162,7 @@ def test_dry_run_and_bad_template_submit_no_job(slurm_cluster, tmp_path, capsys)
     assert cli.main(["cancel", str(sweep_dir)]) == 0
 
 
+@pytest.mark.heavy
 def test_hostile_values_reach_the_job_as_inert_data(slurm_cluster, tmp_path, capsys):
     marker = tmp_path / "X"
     hostile = {

@@ -204,6 +204,7 @@ def _apply(data: Any, where: tuple, action: str, value: Any) -> Any:
     return data
 
 
+@pytest.mark.heavy
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_any_mutation_of_a_manifest_loads_or_is_a_config_error_naming_the_file(dry_sweep, data):
@@ -458,6 +459,7 @@ def test_a_run_root_through_a_symlink_or_in_a_folder_of_files_is_exit_2(planted,
 PROBE = "entrypoint: hpcrl.launcher.probe:main\nname: probe\n"
 
 
+@pytest.mark.heavy
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_any_hostile_sweep_dir_is_refused_in_one_line_or_written_only_where_it_leads(tmp_path, capsys, data):
@@ -468,6 +470,7 @@ def test_any_hostile_sweep_dir_is_refused_in_one_line_or_written_only_where_it_l
     sandbox.check(path, code, err, "--sweep_dir", before)
 
 
+@pytest.mark.heavy
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_any_hostile_run_root_is_refused_in_one_line_or_written_only_where_it_leads(tmp_path, capsys, data):

@@ -90,6 +90,7 @@ def test_resume_replaces_the_redone_steps_in_tensorboard(tmp_path):
     assert jsonl == expected
 
 
+@pytest.mark.heavy
 def test_two_resumes_each_replace_what_the_previous_attempt_logged_past_its_checkpoint(tmp_path):
     """Attempt 2 resumes at 6 and dies after logging 6..8 with its checkpoint at 7; attempt 3 resumes
     at 7: step 6 is attempt 2's, 7..9 attempt 3's, nothing of attempt 1 past step 5."""
@@ -102,6 +103,7 @@ def test_two_resumes_each_replace_what_the_previous_attempt_logged_past_its_chec
     assert [(r["step"], r["reward/mean"]) for r in read_jsonl(tmp_path / METRICS_FILE)] == expected
 
 
+@pytest.mark.heavy
 def test_a_fresh_start_in_a_used_run_dir_replaces_everything(tmp_path):
     """resume=never (or a first attempt that died before its first checkpoint) starts at step 0 again."""
     _killed_attempt(tmp_path)

@@ -18,6 +18,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 STEP_S, SAFETY = 25.0, 1.5
 
 
+@pytest.mark.heavy
 def test_the_time_limit_rule_saves_and_stops_before_the_limit(slurm_cluster, tmp_path):
     result = tmp_path / "result.json"
     job = slurm_cluster.sbatch(

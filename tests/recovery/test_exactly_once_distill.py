@@ -12,6 +12,7 @@ import pytest
 from tests.recovery._runs import TEMPLATES, assert_kill_and_rerun_is_exactly_once
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_distill_sigkilled_after_a_checkpoint_then_rerun_equals_the_uninterrupted_run(
     tmp_path, sft_copy_export

@@ -25,11 +25,13 @@ TEMPLATE = TEMPLATES / "dpo_exactly_once.yaml"
 STEPS = 16
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_dpo_sigkilled_after_a_checkpoint_then_rerun_equals_the_uninterrupted_run(tmp_path):
     assert_kill_and_rerun_is_exactly_once(TEMPLATE, tmp_path, steps=STEPS, every=4, train_size=20, batch=8)
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_kto_sigkilled_after_a_checkpoint_then_rerun_equals_the_uninterrupted_run(tmp_path):
     """The KTO loss (unpaired rows: 40 from 20 pairs, 16 per step; z0 from the step's mismatched rows)."""
@@ -37,6 +39,7 @@ def test_kto_sigkilled_after_a_checkpoint_then_rerun_equals_the_uninterrupted_ru
     assert_kill_and_rerun_is_exactly_once(template, tmp_path, steps=STEPS, every=4, train_size=40, batch=16)
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_dpo_saves_and_stops_on_sigusr1_then_a_rerun_finishes_with_each_step_once(tmp_path):
     """The Slurm warning signal (`--signal=B:USR1@N`) reaches DPO's save trigger: it saves at the next

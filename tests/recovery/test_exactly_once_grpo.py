@@ -20,11 +20,13 @@ from tests.recovery._runs import (
 TEMPLATE = TEMPLATES / "grpo_exactly_once.yaml"
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_sigkill_at_a_random_step_then_resume_equals_the_uninterrupted_run(tmp_path):
     assert_kill_and_rerun_is_exactly_once(TEMPLATE, tmp_path, steps=40, every=4, train_size=20, batch=8)
 
 
+@pytest.mark.heavy
 def test_a_rerun_without_any_checkpoint_logs_every_step_once(tmp_path):
     """A run that dies before its first checkpoint is redone from step 0: the earlier attempt's
     records are dropped, not kept beside the new ones."""

@@ -143,6 +143,7 @@ def requeue_element(slurm_cluster, tmp_path_factory) -> Iterator[BackgroundReque
         slurm_cluster.run(["scancel", job_id], check=False)
 
 
+@pytest.mark.heavy
 @pytest.mark.background_start
 def test_one_minute_element_is_submitted_at_the_start_of_the_session(requeue_element):
     script = next((requeue_element.sweep_dir / "slurm").glob("*_submission.sh")).read_text()
@@ -151,6 +152,7 @@ def test_one_minute_element_is_submitted_at_the_start_of_the_session(requeue_ele
     assert requeue_element.reference.poll() in (None, 0)  # running or already done
 
 
+@pytest.mark.heavy
 @pytest.mark.background_check
 def test_time_limit_of_one_minute_finishes_through_signal_save_and_requeue(requeue_element):
     run = requeue_element
@@ -182,6 +184,7 @@ def test_time_limit_of_one_minute_finishes_through_signal_save_and_requeue(reque
     )
 
 
+@pytest.mark.heavy
 def test_scontrol_requeue_of_a_running_two_node_element_resumes_it(slurm_cluster, tmp_path):
     template = TEMPLATES / "grpo_two_node.yaml"
     sweep_dir = submit(template, tmp_path)

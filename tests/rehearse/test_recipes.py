@@ -38,6 +38,7 @@ def _rehearse(template: Path, tmp_path: Path, *extra: str) -> str:
     return out
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("template", RECIPES, ids=lambda p: p.name)
 def test_every_gpu_recipe_rehearses_on_cpu(template, tmp_path):
     out = _rehearse(template, tmp_path)
@@ -45,6 +46,7 @@ def test_every_gpu_recipe_rehearses_on_cpu(template, tmp_path):
     assert "optim.backend auto -> megatron" in out and "weights moved yes" in out
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("template", BENCH, ids=lambda p: p.name)
 def test_every_gpu_benchmark_template_rehearses_on_cpu(template, tmp_path):
     out = _rehearse(template, tmp_path, "--index", "0", "--max_ranks", "4")

@@ -78,6 +78,7 @@ def test_mixed_precision_model_moves_as_one_stream_per_dtype_each_at_its_bound()
     assert results[0][0]["streams"] == ["split.bfloat16", "replicated.float32"]
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_bitwise_volume_and_memory_for_every_valid_pair_up_to_8_ranks():
     """All 55 valid pairs with 2 <= world <= 8 (incl. t=4,p=2 -> t_g=2,p_g=1 and t=2,p=2,d=2 -> 1,1)."""
@@ -90,6 +91,7 @@ def test_bitwise_volume_and_memory_for_every_valid_pair_up_to_8_ranks():
     assert r0["naive"]["split"]["bytes_received"] * 3 == r0["hybrid"]["split"]["bytes_received"] * 7
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("mode", ["exit", "hang"])
 def test_a_rank_that_dies_or_hangs_mid_reshard_fails_its_peers_naming_the_group(mode):
     # a hang would end in run_ranks' TimeoutError, not RankFailed: the match is the "no hang"; the

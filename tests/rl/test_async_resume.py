@@ -20,6 +20,7 @@ TEMPLATE = TEMPLATES / "grpo_async_exactly_once.yaml"
 pytestmark = pytest.mark.dist
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_sigkill_at_a_random_step_then_resume_equals_the_uninterrupted_async_run(tmp_path):
     runs = kill_after_a_checkpoint_and_rerun(TEMPLATE, tmp_path, steps=16, every=4)

@@ -14,6 +14,8 @@ from hpcrl.metrics.sinks import read_jsonl
 from hpcrl.rl.advantages import AdvantageInputs, compute_advantages, masked_whiten, reverse_kl_advantages
 from tests.cli_runs import run_cli
 
+pytestmark = pytest.mark.heavy  # its shared fixtures train or spawn for seconds (launch/test.sh --quick)
+
 REPO = Path(__file__).resolve().parents[2]
 DISTILL = REPO / "templates" / "distill_tiny.yaml"
 QUIET = ["--logging.tensorboard=false", "--logging.progress=false", "--logging.plot=false"]

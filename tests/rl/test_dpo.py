@@ -105,6 +105,7 @@ def test_hpcrl_run_dpo_tiny_heldout_accuracy_and_margin_rise(tmp_path, capsys):
     assert str(metrics) in capsys.readouterr().out  # the run prints where its metrics go
 
 
+@pytest.mark.heavy
 @pytest.mark.dist
 @pytest.mark.slow
 def test_dpo_data_parallel_2_matches_one_rank(tmp_path):
@@ -122,6 +123,7 @@ def test_dpo_data_parallel_2_matches_one_rank(tmp_path):
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("loss_type", ["ipo", "kto"])
 def test_one_key_switches_dpo_to_ipo_and_kto_and_each_learns_the_preference(loss_type, tmp_path):
     """`--dpo.loss_type ipo|kto` on templates/dpo_tiny.yaml (the same paired data; KTO reads each pair as

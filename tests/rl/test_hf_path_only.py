@@ -49,6 +49,7 @@ def _template(tmp_path: Path, model: Path, engine: str = "hf", t_g: int = 1) -> 
     return path
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize(("engine", "t_g"), [("hf", 1), ("megatron", 2)])
 def test_run_of_a_template_naming_only_hf_path_trains_at_t2(tmp_path, model_dir, engine, t_g, capsys):
     template = _template(tmp_path, model_dir, engine, t_g)

@@ -57,6 +57,7 @@ def _check_steps(run_dir: Path, bound: int) -> list[dict]:
     return rows
 
 
+@pytest.mark.heavy
 def test_hpcrl_run_t4_to_tg2_through_the_cli(tmp_path):
     cmd = [sys.executable, "-m", "hpcrl", "run", str(TEMPLATE), "--run_root", str(tmp_path)]
     cmd += ["--algorithm.steps", str(STEPS), "--logging.tensorboard", "false", "--logging.plot", "false"]
@@ -69,6 +70,7 @@ def test_hpcrl_run_t4_to_tg2_through_the_cli(tmp_path):
     assert all(r["reshard/collectives"] == 1 for r in rows)  # one bucket, one micro-DP all-gather
 
 
+@pytest.mark.heavy
 def test_t2p2_to_tg2_and_same_seed_tg1_vs_tg2(tmp_path):
     common = {"algorithm.steps": STEPS, "cluster.tasks_per_node": 4, "rollout.engine": "megatron"}
     configs = [

@@ -22,6 +22,7 @@ from tests.rl._job_ranks import (
 pytestmark = pytest.mark.dist
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_grpo_tiny_short_run_shows_a_clear_rise(tmp_path):
     cfg = tiny_config(**{"algorithm.steps": 100, "algorithm.eval_every": 50, "logging.tensorboard": True})
@@ -39,10 +40,12 @@ def test_grpo_tiny_short_run_shows_a_clear_rise(tmp_path):
     assert last["reward/heldout"] == curve[-1][1]
 
 
+@pytest.mark.heavy
 def test_train_t2_rollout_t1_through_the_reshard_engine(tmp_path):
     _two_rank_run(tmp_path, {"parallel.tensor": 2, "parallel.rollout_tensor": 1})
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", [{"parallel.data": 2}, {"parallel.pipeline": 2}], ids=["d2", "p2"])
 def test_ppo_with_critic_on_other_two_rank_layouts(tmp_path, layout):
@@ -69,6 +72,7 @@ def _two_rank_run(tmp_path, overrides):
     assert all(r["actor/grad_norm"] > 0 for r in rows[:3])
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_every_online_estimator_runs_a_step(tmp_path):
     common = {"algorithm.steps": 2, "algorithm.eval_every": 0, "algorithm.prompts_per_step": 4}
@@ -111,6 +115,7 @@ def test_every_online_estimator_runs_a_step(tmp_path):
             )
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_dynamic_sampling_trains_on_informative_groups_only(tmp_path):
     """DAPO's dynamic sampling with the overlong penalty on: each step draws batches until 4 groups whose
@@ -135,6 +140,7 @@ def test_dynamic_sampling_trains_on_informative_groups_only(tmp_path):
         assert r["advantage/mean_abs"] > 0  # every kept group has a nonzero group-relative advantage
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["grpo", "rloo", "remax", "reinforce_pp", "reinforce_pp_baseline", "ppo"])
 def test_kl_in_reward_changes_the_update_of_every_online_estimator(tmp_path, name):
@@ -161,6 +167,7 @@ def test_kl_in_reward_changes_the_update_of_every_online_estimator(tmp_path, nam
     assert plain[1]["actor/grad_norm"] != shaped[1]["actor/grad_norm"]
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_reward_model_run_end_to_end(tmp_path):
     from transformers import LlamaConfig, LlamaForSequenceClassification
@@ -198,6 +205,7 @@ def test_reward_model_run_end_to_end(tmp_path):
     assert last["step"] == 1
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_a_raising_reward_is_skipped_and_counted_or_stops_the_run(tmp_path):
     cfg = tiny_config(
@@ -238,6 +246,7 @@ def test_config_problems_are_all_reported_before_any_work():
         main(ExperimentConfig(algorithm=type(cfg.algorithm)(name="dpo")), "unused")
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_checkpoint_resume_continues_the_same_run(tmp_path):
     """4 steps + checkpoint, then resume to 6 == 6 steps straight (same rewards, same final weights path)."""

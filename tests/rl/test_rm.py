@@ -16,6 +16,8 @@ from hpcrl.rewards.scoring import build_scorer
 from hpcrl.rl.preference_losses import bradley_terry_loss
 from tests.rl._job_ranks import tiny_config
 
+pytestmark = pytest.mark.heavy  # its shared fixtures train or spawn for seconds (launch/test.sh --quick)
+
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO / "templates" / "rm_tiny.yaml"
 QUIET = {"logging.tensorboard": False, "logging.progress": False}

@@ -131,6 +131,7 @@ def _generated_exact_match(checkpoint: Path, out_dir: Path, cfg) -> float:
     return hits / len(heldout)
 
 
+@pytest.mark.heavy
 @pytest.mark.dist
 def test_hpcrl_run_sft_tiny_learns_the_task_to_exact_match(tmp_path, capsys):
     """`hpcrl run templates/sft_tiny.yaml` (stage sft), 60 steps: held-out greedy exact match 0 -> >= 0.9;
@@ -158,6 +159,7 @@ def test_hpcrl_run_sft_tiny_learns_the_task_to_exact_match(tmp_path, capsys):
     assert _generated_exact_match(final, tmp_path / "hf", cfg) == rows[-1]["sft/heldout_exact_match"]
 
 
+@pytest.mark.heavy
 @pytest.mark.dist
 @pytest.mark.slow
 def test_sft_tensor_parallel_2_matches_one_rank(tmp_path):
@@ -176,6 +178,7 @@ def test_sft_tensor_parallel_2_matches_one_rank(tmp_path):
         assert b.get("sft/heldout_exact_match") == a.get("sft/heldout_exact_match")
 
 
+@pytest.mark.heavy
 def test_hpcrl_run_sft_on_multi_turn_chat_rows_learns_every_assistant_turn(tmp_path):
     """Chat rows (`messages`: system, two user/assistant exchanges, a trailing tool turn) through the tiny
     tokenizer's chat template, the loss on assistant turns only: the held-out exact match (both assistant

@@ -22,6 +22,7 @@ def _metrics(root: Path) -> list[dict]:
     return read_jsonl(metrics)
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_rl_from_scratch_cannot_start_and_sft_then_rl_solves_the_task(tmp_path, capsys):
     """GRPO from random init: every sample of 40 steps scores exactly 0 (so every group advantage is 0:

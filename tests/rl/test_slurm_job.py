@@ -24,6 +24,7 @@ def _status(sweep_dir: Path, capsys) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.heavy
 def test_grpo_tiny_d2_and_t2_elements_run_as_one_array(slurm_cluster, tmp_path, capsys, monkeypatch):
     # sbatch exports this process's environment; a MASTER_PORT left here by an earlier in-process
     # run_ranks would override the per-job port and make the two concurrent elements collide on it

@@ -65,6 +65,7 @@ def _ppo(**overrides):
     )
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_ppo_with_critic_on_its_own_pool_matches_colocated(tmp_path):
     split = run_ranks(run_steps, 2, _ppo(**SPLIT), str(tmp_path / "s"), 2, timeout_s=300)
@@ -110,6 +111,7 @@ def test_both_pools_training_groups_get_the_configured_timeout(monkeypatch):
     assert [kw["rank_offset"] for kw in calls] == [0, 1]
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_hpcrl_run_split_ppo_checkpoints_and_resumes(tmp_path):
     """`hpcrl run` with placement split: 2 local ranks (one per pool) save at step 2; the same command

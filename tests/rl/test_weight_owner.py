@@ -58,12 +58,14 @@ def _check(results: list[dict]) -> None:
             )
 
 
+@pytest.mark.heavy
 def test_two_ranks_tensor_parallel_hf_engine(tmp_path):
     """t=2 -> t_g=1: one micro-DP all-gather per sync into the HF engine."""
     layout = {"parallel.tensor": 2, "cluster.tasks_per_node": 2}
     _check(run_ranks(run_and_compare, 2, _configs(**layout), str(tmp_path), STEPS, timeout_s=600))
 
 
+@pytest.mark.heavy
 def test_four_ranks_tensor_and_data_parallel_megatron_engine(tmp_path):
     """t=2, d=2 -> t_g=1 on the megatron rollout engine: the distributed optimizer shards masters and
     moments over d=2 and all-gathers the params into DDP's buffer; the reshard gathers into the

@@ -50,6 +50,7 @@ def free_port_block(count: int) -> int:
     raise RuntimeError("no free block of ports in 18000-19900")
 
 
+@pytest.mark.heavy
 def test_taken_slurmctld_port_fails_naming_slurmctld_and_its_log_and_leaves_nothing(slurm_cluster):
     # A short path: munged and MariaDB put unix sockets under it (108-byte limit).
     state = Path(tempfile.mkdtemp(prefix="hpcrl-slurm-", dir="/tmp"))

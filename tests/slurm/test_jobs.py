@@ -13,6 +13,7 @@ from tests.slurm.cluster import REPO_ROOT
 pytestmark = pytest.mark.slurm
 
 
+@pytest.mark.heavy
 def test_array_of_8_tasks_writes_8_outputs(slurm_cluster, tmp_path):
     program = "import os; i = int(os.environ['SLURM_ARRAY_TASK_ID']); print(i, i * i, os.environ['SLURMD_NODENAME'])"
     job_id = slurm_cluster.sbatch(
@@ -25,6 +26,7 @@ def test_array_of_8_tasks_writes_8_outputs(slurm_cluster, tmp_path):
     assert {node for _, _, node in rows} <= set(slurm_cluster.nodes)
 
 
+@pytest.mark.heavy
 def test_two_nodes_times_two_tasks_form_a_four_rank_gloo_group(slurm_cluster, tmp_path):
     out = tmp_path / "job.out"
     job_id = slurm_cluster.sbatch(
@@ -64,6 +66,7 @@ def test_sacct_reports_the_state_and_exit_code_of_finished_jobs(slurm_cluster, t
     assert exit_code == "3:0"
 
 
+@pytest.mark.heavy
 def test_wait_for_job_times_out_with_the_states_it_saw(slurm_cluster, tmp_path):
     job_id = slurm_cluster.sbatch([f"--output={Path(tmp_path) / 'sleep.out'}", "--wrap", "sleep 60"])
     try:

@@ -37,6 +37,7 @@ def make_executor(slurm_cluster, folder) -> submitit.AutoExecutor:
     return executor
 
 
+@pytest.mark.heavy
 def test_map_array_over_8_inputs_returns_each_result(slurm_cluster, tmp_path):
     jobs = make_executor(slurm_cluster, tmp_path).map_array(cube_plus_node, range(8))
     assert len({job.job_id.split("_")[0] for job in jobs}) == 1  # one array job
@@ -47,6 +48,7 @@ def test_map_array_over_8_inputs_returns_each_result(slurm_cluster, tmp_path):
     assert set(slurm_cluster.wait_for_job(array_id, timeout_s=120, num_tasks=8).values()) == {"COMPLETED"}
 
 
+@pytest.mark.heavy
 @pytest.mark.slow  # ~20 s: submitit's result() waits 15 s for a result file that never comes
 def test_job_cancelled_from_outside_is_reported_cancelled_and_result_raises(slurm_cluster, tmp_path):
     """submitit sees CANCELLED through sacct, and result() raises instead of hanging.

@@ -84,6 +84,7 @@ def test_resume_from_a_root_without_checkpoints_is_a_config_error(tmp_path):
         _run(cfg, tmp_path / "run", 2)
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_a_fine_tune_starts_from_another_runs_weights_at_step_0_with_its_own_id(tmp_path):
     """Run A (seed 0) trains 2 steps into a shared dir; B (seed 1, lr 0) on the same dir is refused; B

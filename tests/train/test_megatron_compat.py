@@ -34,6 +34,7 @@ def test_enable_patches_nothing_when_cuda_is_faked_available_and_runs_megatron_o
     assert probe["logits_shape"] == (4, 8, 32)
 
 
+@pytest.mark.heavy
 def test_fusions_off_keeps_torch_dynamo_out_of_a_process_that_imports_megatron():
     """Patch 6, in a fresh interpreter: megatron-core imported after `fusions_off_without_cuda()` has a
     no-op jit_fuser and never imported torch._dynamo; without the call it imports dynamo; called after
