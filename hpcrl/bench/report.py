@@ -6,8 +6,10 @@ model size) appears several times (results files are appended to), the newest on
 
 Outputs, in the output directory (default: RESULTS_DIR/report, so a benchmark's own files are never
 overwritten):
-- report.md: a row per measurement: benchmark, metric, layout, model, hpcrl value, baseline name and
-  value, ratio (value / baseline), min/median/max of the repetitions, commit; then the bad lines.
+- report.md: where the figures come from (the records' UTC dates, machines and commits: `provenance`),
+  then a row per measurement: benchmark, metric, layout, model, hpcrl value, baseline name and value,
+  ratio (value / baseline), min/median/max of the repetitions, commit; then the bad lines. Published
+  figures are such a report of a named run (docs/performance/), never copied by hand.
 - <benchmark>.png: hpcrl vs baseline (and the formula bound where a record carries `extra.bound_bytes`)
   per measurement, one panel per unit, log scale when values span more than two decades.
 - <benchmark>_breakdown.png: for records with `extra.phase`, each phase's share of the step time.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 from hpcrl.bench.records import BadRecord, Record, read_records
@@ -66,6 +69,17 @@ def markdown_table(records: list[Record]) -> str:
     return head + "\n".join(rows) + "\n"
 
 
+def provenance(records: list[Record]) -> str:
+    """When, where and from which code the reported records were measured (UTC dates, hosts, commits)."""
+    if not records:
+        return "No usable record."
+    days = sorted({datetime.fromtimestamp(r.timestamp, timezone.utc).strftime("%Y-%m-%d") for r in records})
+    when = days[0] if len(days) == 1 else f"{days[0]} to {days[-1]}"
+    hosts = ", ".join(sorted({r.host for r in records}))
+    commits = ", ".join(sorted({r.commit for r in records}))
+    return f"Measured {when} (UTC) on {hosts}, commit {commits}."
+
+
 def bad_section(bad: list[BadRecord]) -> str:
     if not bad:
         return ""
@@ -92,7 +106,7 @@ def write_report(results_dir: str | Path, out_dir: str | Path | None = None) -> 
     note = f"\n{superseded} older duplicate record(s) superseded by newer ones.\n" if superseded else ""
     images = "".join(f"\n![{p.stem}]({p.name})\n" for p in plots)
     text = (
-        f"# Benchmark report: {results_dir}\n\n{len(records)} measurement(s) from "
+        f"# Benchmark report: {results_dir}\n\n{provenance(records)} {len(records)} measurement(s) from "
         f"{len({r.benchmark for r in records})} benchmark(s); ratio = hpcrl / baseline.\n\n"
         f"{markdown_table(records)}{note}{bad_section(bad)}{images}"
     )

@@ -147,3 +147,17 @@ def test_empty_or_missing_directory(tmp_path, capsys):
     assert cli_main(["bench", "report", str(tmp_path)]) == 1
     assert cli_main(["bench", "report", str(tmp_path / "nope")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_the_report_says_when_where_and_from_which_commit_its_figures_come():
+    """A published figure carries its run: the records' UTC dates, hosts and commits head the report."""
+    from hpcrl.bench.report import provenance
+
+    first, second = records()[0], records()[1]
+    first.timestamp, first.host, first.commit = 1796558400.0, "vm-a", "abc1234"  # 2026-12-06 UTC
+    second.timestamp, second.host, second.commit = 1796644800.0, "vm-b", "def5678"  # a day later
+    assert provenance([first]) == "Measured 2026-12-06 (UTC) on vm-a, commit abc1234."
+    assert provenance([first, second]) == (
+        "Measured 2026-12-06 to 2026-12-07 (UTC) on vm-a, vm-b, commit abc1234, def5678."
+    )
+    assert provenance([]) == "No usable record."
