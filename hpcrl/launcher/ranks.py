@@ -13,8 +13,7 @@
   main thread in `hpcrl run` and in the sweep runner). Not on Linux: no such guard (a warning says so).
 - The server records each rank's pid and how it ended; every rank records the first line of its error
   in its own file (ERROR_FILE_ENV, written by hpcrl.launcher.element), so the launcher can say which
-  rank died, on which host, by which signal or
-  exit code, and why, instead of the peers' "Connection reset by peer".
+  rank died, on which host, by which signal or exit code, and why, instead of the peers' "Connection reset by peer".
 
 `supervise` is the wait: when one rank ends badly, the others get `grace_s` to end on their own (they
 usually fail at their next collective) and are then SIGKILLed; a stop request (the launcher's SIGINT or
@@ -142,6 +141,7 @@ class Ranks:
         for rank in range(self.world):
             record = read_record(end_path(self.error_dir, rank))
             if record is None and server_code is not None:
+                # read again: the server writes its last records just before it exits (poll came first)
                 record = read_record(end_path(self.error_dir, rank)) or {"returncode": server_code or 1}
             codes.append(None if record is None else record["returncode"])
         return codes
