@@ -28,6 +28,7 @@ def pytest_configure(config):
 @pytest.hookimpl(trylast=True)  # after any other reordering: these positions are what make the overlap
 def pytest_collection_modifyitems(config, items):
     _skip_gpu_tests_without_cuda(items)
+    _long_modules_first(items)
     _background_work_first_and_its_checks_last(items)
 
 
@@ -40,6 +41,17 @@ def _skip_gpu_tests_without_cuda(items) -> None:
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+def _long_modules_first(items) -> None:
+    """Modules holding a `slow` test, then those holding a `heavy` one, then the rest (each module's own
+    order kept): launch/test.sh hands whole modules to two pytest-xdist workers (--dist loadfile) in this
+    order, and the longest ones started first leave no long module running alone at the end."""
+    weight: dict[str, int] = {}
+    for item in items:
+        rank = 2 if item.get_closest_marker("slow") else 1 if item.get_closest_marker("heavy") else 0
+        weight[item.nodeid.split("::")[0]] = max(rank, weight.get(item.nodeid.split("::")[0], 0))
+    items.sort(key=lambda item: -weight[item.nodeid.split("::")[0]])  # stable
 
 
 def _background_work_first_and_its_checks_last(items) -> None:
@@ -86,11 +98,23 @@ def sft_copy_export(tmp_path_factory):
     as their teacher (tests/rl/test_distill.py, tests/recovery/test_exactly_once_distill.py)."""
     from pathlib import Path
 
+    from filelock import FileLock
+
     from hpcrl import cli
 
-    root = tmp_path_factory.mktemp("sft_copy")
-    template = Path(__file__).resolve().parents[1] / "templates" / "sft_tiny.yaml"
-    quiet = ["--logging.tensorboard=false", "--logging.progress=false", "--logging.plot=false"]
-    assert cli.main(["run", str(template), "--data.task=copy_digits", f"--run_root={root}", *quiet]) == 0
-    [hf] = list(root.glob("sft_tiny/*/hf"))
+    # Under pytest-xdist every worker has a session of its own; the workers' base temp dirs share a
+    # parent, where the first worker to take the lock trains and the others read its export.
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent
+    root = shared / "sft_copy"
+    with FileLock(str(shared / "sft_copy.lock")):
+        found = list(root.glob("sft_tiny/*/hf"))
+        if not found:
+            template = Path(__file__).resolve().parents[1] / "templates" / "sft_tiny.yaml"
+            quiet = ["--logging.tensorboard=false", "--logging.progress=false", "--logging.plot=false"]
+            argv = ["run", str(template), "--data.task=copy_digits", f"--run_root={root}", *quiet]
+            assert cli.main(argv) == 0
+            found = list(root.glob("sft_tiny/*/hf"))
+    [hf] = found
     return hf

@@ -1,12 +1,20 @@
 """An entrypoint that reports how its rank was started: `tests.launcher._fork_probe:main` writes
 `<run_dir>/rank_<r>.json` with its pid, parent, process group, command line and whether megatron-core was
-imported before the entrypoint ran (it never imports it itself)."""
+imported before the entrypoint ran (it never imports it itself) and how much of the heap it inherited frozen.
+
+How the rank ends is shown by two files it leaves behind: `rank_<r>.atexit`, written by an atexit
+handler, and `rank_<r>.thread`, written by a non-daemon thread once the main thread is done (joining the
+main thread returns only when interpreter exit, or hpcrl's `exit_rank`, has begun the shutdown that
+joins the other threads)."""
 
 from __future__ import annotations
 
+import atexit
+import gc
 import json
 import os
 import sys
+import threading
 from pathlib import Path
 
 
@@ -19,5 +27,15 @@ def main(cfg, run_dir: Path, lifecycle=None) -> None:
         "cmdline": Path("/proc/self/cmdline").read_bytes().decode().split("\0")[:-1],
         "megatron_preloaded": "megatron.core" in sys.modules,
         "rank_env": [os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")],
+        "frozen_objects": gc.get_freeze_count(),
     }
     (Path(run_dir) / f"rank_{rank}.json").write_text(json.dumps(report))
+    atexit.register(Path(run_dir, f"rank_{rank}.atexit").write_text, "ran")
+    threading.Thread(
+        target=_write_after_the_main_thread, args=(Path(run_dir, f"rank_{rank}.thread"),)
+    ).start()
+
+
+def _write_after_the_main_thread(path: Path) -> None:
+    threading.main_thread().join()
+    path.write_text("joined")

@@ -96,3 +96,7 @@ def test_ranks_are_children_of_the_server_which_leads_their_group(tmp_path, caps
         assert element_argv == ["-m", "hpcrl.launcher.element", str(run_dir / "config.yaml"), str(run_dir)]
         assert ("--ranks" in report["cmdline"]) is forked
         assert report["megatron_preloaded"] is forked
+        assert (report["frozen_objects"] > 100_000) is forked  # the preloaded heap, frozen before forking
+    for rank in range(3):  # a forked rank skips interpreter teardown, not what exit owes its code
+        assert (run_dir / f"rank_{rank}.atexit").read_text() == "ran"
+        assert (run_dir / f"rank_{rank}.thread").read_text() == "joined"
