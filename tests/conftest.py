@@ -9,6 +9,7 @@ and the dev cluster is not running: CI must never pass by skipping the cluster t
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
@@ -23,6 +24,18 @@ BACKGROUND_MARKERS = {
 def pytest_configure(config):
     for name, doc in BACKGROUND_MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {doc}")
+    _one_thread_per_test_process()
+
+
+def _one_thread_per_test_process() -> None:
+    """2 cores, two pytest-xdist workers and the Slurm session beside them: one OpenMP thread per process
+    (ranks and runs started by a test inherit it), unless the caller set OMP_NUM_THREADS. Set before any
+    test module imports torch, whose OpenMP runtime reads it once; two spinning threads per worker made
+    in-process training tests several times slower."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 @pytest.hookimpl(trylast=True)  # after any other reordering: these positions are what make the overlap
@@ -64,12 +77,6 @@ def _background_work_first_and_its_checks_last(items) -> None:
         return 2 if item.get_closest_marker("background_check") else 1
 
     items.sort(key=position)  # stable
-
-
-@pytest.fixture(autouse=True)
-def _one_thread_per_test_process(monkeypatch):
-    """2-core machines: keep OpenMP threads from oversubscribing when ranks run beside the test."""
-    monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
 
 
 @pytest.fixture(scope="session")

@@ -175,6 +175,10 @@ def _become_rank(
     env = rank_environ(rank, args.ranks, args.port, args.ends / f"{rank}.json")
     os.environ.clear()
     os.environ.update(env)
+    torch = sys.modules.get("torch")
+    if torch is not None:  # its OpenMP runtime read OMP_NUM_THREADS in the server, before this rank's
+        with contextlib.suppress(ValueError):  # not a number: torch's own default stands, as in exec
+            torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if args.start == "exec":
@@ -197,7 +201,9 @@ def exit_rank(code: int) -> NoReturn:
 
 def rank_environ(rank: int, world: int, port: int, error_file: Path) -> dict[str, str]:
     """This process's environment as rank `rank` of `world` sees it: torchrun-style variables, no
-    Slurm step of the launcher's own, and where to record its error."""
+    Slurm step of the launcher's own, where to record its error, and OMP_NUM_THREADS unless the caller
+    or `cluster.env` set it: this process's CPUs shared among the ranks (torchrun defaults it to 1 for
+    the same reason: W ranks each running one OpenMP thread per core spin against each other)."""
     env = {
         k: v
         for k, v in os.environ.items()
@@ -213,6 +219,7 @@ def rank_environ(rank: int, world: int, port: int, error_file: Path) -> dict[str
         MASTER_PORT=str(port),
     )
     env[ERROR_FILE_ENV] = str(error_file)
+    env.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // world)))
     return env
 
 

@@ -28,6 +28,8 @@ def main(cfg, run_dir: Path, lifecycle=None) -> None:
         "megatron_preloaded": "megatron.core" in sys.modules,
         "rank_env": [os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")],
         "frozen_objects": gc.get_freeze_count(),
+        "omp_threads": os.environ.get("OMP_NUM_THREADS"),
+        "torch_threads": sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None,
     }
     (Path(run_dir) / f"rank_{rank}.json").write_text(json.dumps(report))
     atexit.register(Path(run_dir, f"rank_{rank}.atexit").write_text, "ran")

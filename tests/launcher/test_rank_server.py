@@ -7,6 +7,7 @@ test_sweep_dir_hostile.py shows a foreign group leader is left alone)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import types
@@ -82,6 +83,7 @@ def test_ranks_are_children_of_the_server_which_leads_their_group(tmp_path, caps
     way the server is every rank's parent and process-group leader, and each rank has its own
     torchrun-style environment."""
     monkeypatch.setenv(START_ENV, mode)
+    monkeypatch.delenv("OMP_NUM_THREADS")  # the server's torch then runs one thread per CPU
     assert cli.main(["run", str(_template(tmp_path, 3))]) == 0
     run_dir = Path(capsys.readouterr().out.splitlines()[0].removeprefix("run dir: "))
     reports = [json.loads((run_dir / f"rank_{rank}.json").read_text()) for rank in range(3)]
@@ -97,6 +99,9 @@ def test_ranks_are_children_of_the_server_which_leads_their_group(tmp_path, caps
         assert ("--ranks" in report["cmdline"]) is forked
         assert report["megatron_preloaded"] is forked
         assert (report["frozen_objects"] > 100_000) is forked  # the preloaded heap, frozen before forking
+        shared = str(max(1, len(os.sched_getaffinity(0)) // 3))  # the CPUs shared among the 3 ranks
+        assert report["omp_threads"] == shared
+        assert report["torch_threads"] == int(shared)  # forked: set after the server's torch read its env
     for rank in range(3):  # a forked rank skips interpreter teardown, not what exit owes its code
         assert (run_dir / f"rank_{rank}.atexit").read_text() == "ran"
         assert (run_dir / f"rank_{rank}.thread").read_text() == "joined"
