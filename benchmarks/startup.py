@@ -97,42 +97,12 @@ def main(argv: list[str] | None = None) -> int:
         per_rank = {mode: (cpu[mode, top] - cpu[mode, 1]) / (top - 1) for mode in ("fork", "exec")}
         below = ranks[-2]
         marginal = {mode: (cpu[mode, top] - cpu[mode, below]) / (top - below) for mode in ("fork", "exec")}
-        records.append(
-            Record(
-                benchmark="startup",
-                metric=f"wall_{top}_ranks_over_1",
-                value=scale["fork"],
-                unit="x",
-                baseline_name="one_interpreter_per_rank",
-                baseline_value=scale["exec"],
-                layout=f"d={top}",
-            )
-        )
-        records.append(
-            Record(
-                benchmark="startup",
-                metric="cpu_s_per_extra_rank",
-                value=per_rank["fork"],
-                unit="s",
-                baseline_name="one_interpreter_per_rank",
-                baseline_value=per_rank["exec"],
-                layout=f"d={top}",
-                extra={"note": "upper bound of a rank's start-up: includes its share of the one step"},
-            )
-        )
+        records.append(_derived(f"wall_{top}_ranks_over_1", scale, "x", f"d={top}"))
+        note = "upper bound of a rank's start-up: includes its share of the one step"
+        records.append(_derived("cpu_s_per_extra_rank", per_rank, "s", f"d={top}", note))
         if below > 1:
-            records.append(
-                Record(
-                    benchmark="startup",
-                    metric="cpu_s_per_marginal_rank",
-                    value=marginal["fork"],
-                    unit="s",
-                    baseline_name="one_interpreter_per_rank",
-                    baseline_value=marginal["exec"],
-                    layout=f"d={below}->{top}",
-                    extra={"note": "launcher and rank server start cancel; the rank's step share does not"},
-                )
-            )
+            note = "launcher and rank server start cancel; the rank's step share does not"
+            records.append(_derived("cpu_s_per_marginal_rank", marginal, "s", f"d={below}->{top}", note))
         print(
             f"startup: {top} ranks / 1 rank = {scale['fork']:.2f} (forked) vs {scale['exec']:.2f} (exec); goal <= 2"
         )
@@ -147,6 +117,20 @@ def main(argv: list[str] | None = None) -> int:
             )
     write_records(args.results_dir, records)
     return 0
+
+
+def _derived(metric: str, figure: dict[str, float], unit: str, layout: str, note: str = "") -> Record:
+    """A figure computed from several runs (a ratio, a slope): forked vs exec, no samples of its own."""
+    return Record(
+        benchmark="startup",
+        metric=metric,
+        value=figure["fork"],
+        unit=unit,
+        baseline_name="one_interpreter_per_rank",
+        baseline_value=figure["exec"],
+        layout=layout,
+        extra={"note": note} if note else {},
+    )
 
 
 def _record(metric: str, n: int, figure: dict, runs: dict, unit: str) -> Record:

@@ -55,7 +55,7 @@ set +e
 cluster_log="$(mktemp)"
 python -m pytest -m "slurm or beside_slurm" "$@" >"$cluster_log" 2>&1 &
 cluster_pid=$!
-python -m pytest -m "not slurm and not beside_slurm" -n 2 --dist loadfile "$@"
+python -m pytest -m "not slurm and not beside_slurm" -n 3 --dist loadfile "$@"
 rc=$?
 wait "$cluster_pid"
 cluster_rc=$?
