@@ -4,9 +4,10 @@
 #   slurmdbd + MariaDB) and the A100-shaped one (slurm/a100) -> ruff -> lint-imports -> pytest (the Slurm tests in a
 #   second session beside the rest) -> stop both clusters by their recorded PIDs, even on failure.
 # Extra arguments go to pytest (e.g. `launch/test.sh -k reshard`; `-n 0` runs the foreground in one process).
-# The foreground tests run on two pytest-xdist workers, whole modules at a time (--dist loadfile: a module's
-# fixtures are built once), longest modules first (tests/conftest.py); one worker alone leaves ~half a core
-# idle while its ranks wait on each other.
+# The foreground tests run on three pytest-xdist workers (the quick tier: two), whole modules at a time
+# (--dist loadfile: a module's fixtures are built once), longest modules first (tests/conftest.py); one
+# worker alone leaves ~half a core idle while its ranks wait on each other (with three and the Slurm
+# session beside them, both cores are busy ~95% of the run).
 # `launch/test.sh --quick [pytest args]`: the building tier: venv + ruff + lint-imports + every package's
 # fast tests (no Slurm cluster, no `slurm`, `slow` or `heavy` test; a few minutes on 2 cores).
 # CI runs the full command.

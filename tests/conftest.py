@@ -28,7 +28,7 @@ def pytest_configure(config):
 
 
 def _one_thread_per_test_process() -> None:
-    """2 cores, two pytest-xdist workers and the Slurm session beside them: one OpenMP thread per process
+    """2 cores, pytest-xdist workers and the Slurm session beside them: one OpenMP thread per process
     (ranks and runs started by a test inherit it), unless the caller set OMP_NUM_THREADS. Set before any
     test module imports torch, whose OpenMP runtime reads it once; two spinning threads per worker made
     in-process training tests several times slower."""
@@ -58,7 +58,7 @@ def _skip_gpu_tests_without_cuda(items) -> None:
 
 def _long_modules_first(items) -> None:
     """Modules holding a `slow` test, then those holding a `heavy` one, then the rest (each module's own
-    order kept): launch/test.sh hands whole modules to two pytest-xdist workers (--dist loadfile) in this
+    order kept): launch/test.sh hands whole modules to pytest-xdist workers (--dist loadfile) in this
     order, and the longest ones started first leave no long module running alone at the end."""
     weight: dict[str, int] = {}
     for item in items:
