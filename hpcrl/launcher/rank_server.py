@@ -175,10 +175,9 @@ def _become_rank(
     env = rank_environ(rank, args.ranks, args.port, args.ends / f"{rank}.json")
     os.environ.clear()
     os.environ.update(env)
-    torch = sys.modules.get("torch")
-    if torch is not None:  # its OpenMP runtime read OMP_NUM_THREADS in the server, before this rank's
-        with contextlib.suppress(ValueError):  # not a number: torch's own default stands, as in exec
-            torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+    torch, threads = sys.modules.get("torch"), env["OMP_NUM_THREADS"]
+    if torch is not None and threads.isdigit() and int(threads) > 0:  # else torch's default, as in exec
+        torch.set_num_threads(int(threads))  # its OpenMP runtime read the server's OMP_NUM_THREADS
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if args.start == "exec":

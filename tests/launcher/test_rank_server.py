@@ -44,6 +44,23 @@ def test_after_its_imports_the_server_has_no_cuda_and_one_python_thread():
     assert seen == {"loaded": list(rank_server.PRELOADED), "cuda": False, "threads": 1, "problems": []}
 
 
+@pytest.mark.parametrize(
+    ("given", "world", "expected"),
+    [(None, 1, "cpus"), (None, 2, "half"), (None, 4096, "1"), ("3", 8, "3"), ("0", 8, "0"), ("x", 2, "x")],
+)
+def test_a_rank_shares_the_cpus_unless_omp_num_threads_is_set(monkeypatch, tmp_path, given, world, expected):
+    """Set by the caller or cluster.env: passed on as it is (torch judges it, as in a fresh interpreter);
+    unset: the CPUs this process may run on, shared among the ranks, at least 1."""
+    if given is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", given)
+    cpus = len(os.sched_getaffinity(0))
+    want = {"cpus": str(cpus), "half": str(max(1, cpus // 2))}.get(expected, expected)
+    env = rank_server.rank_environ(0, world, 29500, tmp_path / "0.json")
+    assert env["OMP_NUM_THREADS"] == want
+
+
 def test_a_python_thread_is_named_as_a_reason_not_to_fork():
     seen = _in_fresh_python(
         "import json, threading\nfrom hpcrl.launcher import rank_server as r\n"
