@@ -24,10 +24,13 @@ rank in-process):
   the millions of objects torch, megatron-core and transformers create move to the permanent generation,
   so a rank's full collections no longer walk them (and no longer write to their pages, which the kernel
   would copy into every rank).
-- A rank whose entrypoint returned ends the way multiprocessing's fork children do (`exit_rank`):
-  non-daemon threads joined and atexit handlers run, as at interpreter exit, then `os._exit`, skipping
-  the teardown that deallocates every inherited module (each rank would copy the whole heap to do it).
-  A rank that raised leaves the server's stack and exits the normal way (its traceback printed).
+- A rank whose entrypoint returned ends with `os._exit`, as multiprocessing's fork children do, after
+  what interpreter exit owes it (`exit_rank`): non-daemon threads joined, atexit handlers run (which
+  multiprocessing's children skip), stdio flushed. It skips the teardown that deallocates every
+  inherited module (each rank would copy the whole heap to do it), so objects' `__del__` does not run
+  at exit: an entrypoint closes the files it writes (hpcrl's sinks, checkpoints and exports do), or
+  runs with HPCRL_LOCAL_RANK_START=exec. A rank that raised leaves the server's stack and exits the
+  normal way (its traceback printed).
 
 Files in DIR (the launcher's only view of ranks it did not fork): `<rank>.pid` once forked,
 `<rank>.end` ({"pid", "returncode"}, Popen's convention: minus the signal that killed it) once reaped,
@@ -190,8 +193,10 @@ def exit_rank(code: int) -> NoReturn:
     """End a forked rank whose work returned `code`: what interpreter exit does that a rank needs (join
     its non-daemon threads, e.g. an async checkpoint save; run atexit handlers, e.g. logging's flush;
     flush stdio), then `os._exit`, without deallocating the inherited heap (module docstring)."""
-    threading._shutdown()  # what Py_Finalize runs first; multiprocessing's fork children call it too
-    atexit._run_exitfuncs()
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C while joining: as at interpreter exit, the
+        threading._shutdown()  # code stands (Py_Finalize's first step; multiprocessing's children's too)
+    with contextlib.suppress(KeyboardInterrupt):
+        atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # a closed pipe: nothing left to tell
             stream.flush()
