@@ -16,6 +16,7 @@ import pytest
 
 from hpcrl.launcher.ranks import RANK_DIED_EXIT, RankEnd
 from hpcrl.stages.rank import STEP_SLEEP_ENV
+from tests.processes import alive
 
 REPO = Path(__file__).resolve().parents[2]
 TWO_RANKS = ("--parallel.data", "2", "--cluster.tasks_per_node", "2", "--cluster.stop_grace_s", "8")
@@ -92,15 +93,7 @@ def _running_with_two_ranks(launcher: subprocess.Popen, tmp_path: Path, logged_a
 
 
 def _all_gone(pids: list[int], timeout_s: float, log: Path) -> None:
-    _wait_for(lambda: not any(_alive(pid) for pid in pids), timeout_s, f"ranks {pids} to end", log)
-
-
-def _alive(pid: int) -> bool:
-    """Alive and not a zombie (a zombie is dead; only its parent's wait is missing)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
+    _wait_for(lambda: not any(alive(pid) for pid in pids), timeout_s, f"ranks {pids} to end", log)
 
 
 def test_a_rank_end_names_the_rank_its_host_and_how_it_ended():

@@ -18,6 +18,7 @@ from hpcrl.ckpt.commit import committed, read_latest
 from hpcrl.ckpt.load import load_checkpoint
 from hpcrl.ckpt.manifest import read_manifest
 from hpcrl.ckpt.shards import ShardSpec
+from tests.processes import live_group_members
 from tests.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,10 +28,11 @@ VOLATILE_PREFIXES = ("time/", "share/", "tps/")
 
 
 def start_run(template: Path, run_root: Path, *overrides: str, log: Path) -> subprocess.Popen:
-    """`hpcrl run TEMPLATE --run_root ROOT [--key value ...]` as a child process (1 rank: in-process)."""
+    """`hpcrl run TEMPLATE --run_root ROOT [--key value ...]` as a child process (1 rank: in-process), in
+    a process group of its own (its pgid is its pid: `wait_for_group_gone`)."""
     cmd = [sys.executable, "-m", "hpcrl", "run", str(template), "--run_root", str(run_root), *overrides]
     with log.open("ab") as out:
-        return subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def run_dir_of(run_root: Path) -> Path:
@@ -119,6 +121,9 @@ def kill_after_a_checkpoint_and_rerun(
     wait_until(killable, timeout_s, f"{kill_after} logged steps and a checkpoint {context}", poll_s=0.01)
     victim.send_signal(signal.SIGKILL)
     assert victim.wait(timeout=120) == -signal.SIGKILL, f"the run ended before the kill {context}"
+    # the ranks die with the launcher through PDEATHSIG, i.e. later: until they are gone one may still
+    # commit a checkpoint and move `latest` (the rerun's writer lock waits for them the same way)
+    wait_until(lambda: not live_group_members(victim.pid), 120, f"the killed run's ranks to die {context}")
     run_dir = run_dir_of(tmp_path / "run")
     killed_at = steps_logged(run_dir)
     resume_from = latest_step(run_dir / "checkpoints")
@@ -127,7 +132,7 @@ def kill_after_a_checkpoint_and_rerun(
     assert resumed.wait(timeout=timeout_s) == 0, (tmp_path / "run.log").read_text()[-3000:]
     assert reference.wait(timeout=timeout_s) == 0, (tmp_path / "ref.log").read_text()[-3000:]
     run_log, ref_log = (tmp_path / "run.log").read_text(), (tmp_path / "ref.log").read_text()
-    assert f"at step {resume_from}" in run_log  # it really resumed there
+    assert f"at step {resume_from}" in run_log, (resume_from, killed_at, context)  # it resumed there
     assert "written in place" not in run_log + ref_log  # every async save was fenced before its writes
     return KilledAndResumed(run_dir_of(tmp_path / "ref"), run_dir, killed_at, resume_from, context)
 
