@@ -44,6 +44,58 @@ def test_under_submitit_usr2_asks_for_a_requeue_and_term_for_a_stop_and_both_are
             signal.signal(sig, handler)
 
 
+class _RecordingHandler(_SubmititHandler):
+    """submitit's handler as the lifecycle calls it to requeue: the signal it was called with."""
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    def handle(self, signum, frame) -> None:
+        self.calls.append(signum)
+
+
+def _signals_to(lifecycle: Lifecycle, *events: int | str) -> None:
+    """Deliver each signal to this process with `lifecycle` installed; "save": the entrypoint's save
+    landed (`stop_for_requeue`)."""
+    before = _saved(signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)
+    try:
+        with lifecycle.installed():
+            for event in events:
+                if event == "save":
+                    lifecycle.stop_for_requeue()
+                else:
+                    os.kill(os.getpid(), event)
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+def test_term_before_the_requested_save_landed_requeues_at_once_from_the_last_checkpoint():
+    """The loaded-node case: USR2 came during a slow start-up, no step boundary came before the time
+    limit's TERM. Before: TERM only stopped, nobody requeued, and the element ended as TIMEOUT."""
+    handler = _RecordingHandler()
+    lifecycle = Lifecycle(submitit_handler=handler.handle)
+    lifecycle.requeue_unsaved_if(lambda: True)
+    _signals_to(lifecycle, signal.SIGUSR2, signal.SIGTERM, signal.SIGTERM)  # the requeue's own TERM
+    assert handler.calls == [signal.SIGUSR2]  # once: what the wrapper's requeue after a save calls
+    assert lifecycle.requeued_unsaved and lifecycle.terminating
+
+
+def test_term_requeues_nothing_after_the_save_landed_without_usr2_or_without_a_checkpoint():
+    cases = {
+        "saved: the wrapper requeues": (True, [signal.SIGUSR2, "save", signal.SIGTERM]),
+        "no USR2: preemption or scancel, Slurm decides": (True, [signal.SIGTERM]),
+        "nothing to resume from": (False, [signal.SIGUSR2, signal.SIGTERM]),
+    }
+    for case, (resumable, signals) in cases.items():
+        handler = _RecordingHandler()
+        lifecycle = Lifecycle(submitit_handler=handler.handle)
+        lifecycle.requeue_unsaved_if(lambda resumable=resumable: resumable)
+        _signals_to(lifecycle, *signals)
+        assert handler.calls == [] and not lifecycle.requeued_unsaved, case
+        assert lifecycle.terminating, case
+
+
 def test_an_inert_lifecycle_reads_nothing_and_the_entrypoint_reports_how_it_stopped():
     lifecycle = Lifecycle()  # what a direct call of a job (tests) gets
     assert not lifecycle.take_save_request() and not lifecycle.terminating

@@ -32,7 +32,7 @@ from typing import Any
 import torch.distributed as dist
 
 from hpcrl.ckpt.collectives import group_rank
-from hpcrl.ckpt.config import CheckpointConfig
+from hpcrl.ckpt.config import CheckpointConfig, checkpoint_root
 from hpcrl.ckpt.load import Loaded, SpecSource, load_checkpoint
 from hpcrl.ckpt.manifest import CheckpointError
 from hpcrl.ckpt.plan import plan_save
@@ -175,9 +175,8 @@ class Checkpointer:
     def from_config(
         cls, cfg: CheckpointConfig, run_dir: str | Path, group: dist.ProcessGroup | None
     ) -> Checkpointer:
-        root = Path(cfg.dir) if cfg.dir else Path(run_dir) / "checkpoints"
         return cls(
-            root,
+            checkpoint_root(cfg, run_dir),
             group=group,
             keep_last=cfg.keep_last,
             keep_rejected=cfg.keep_rejected,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 
@@ -62,3 +63,8 @@ def checkpoint_problems(cfg: CheckpointConfig) -> list[tuple[str, str]]:
         ("checkpoint.keep_rejected", cfg.keep_rejected >= 0, f"must be >= 0, got {cfg.keep_rejected}"),
     ]
     return [(key, message) for key, ok, message in rules if not ok]
+
+
+def checkpoint_root(cfg: CheckpointConfig, run_dir: str | Path) -> Path:
+    """Where a run's checkpoints go: `checkpoint.dir`, else the run directory's `checkpoints/`."""
+    return Path(cfg.dir) if cfg.dir else Path(run_dir) / "checkpoints"

@@ -20,7 +20,9 @@ instead of letting submitit requeue rank 0 mid-step. An entrypoint that saved an
 submitit's handler, which calls `ElementTask.checkpoint` (state REQUEUED) and `scontrol requeue`s the
 element; the restarted element resumes from `latest`. An entrypoint that never asks for it (it saves
 nothing) is not requeued: it would restart from scratch. A signal after the last step requeues nothing.
-The same path serves a save made before the time limit without any signal.
+The same path serves a save made before the time limit without any signal. When the time limit's SIGTERM
+comes before that save landed, the lifecycle requeues at once from the last committed checkpoint (there
+is one: `requeue_unsaved_if`), and rank 0's state stays REQUEUED.
 
 Termination path: a preemption (PreemptMode=REQUEUE), `scontrol requeue` or scancel sends SIGTERM to every
 rank and SIGKILL KillWait seconds later (submitit's own handler only logs SIGTERM). The entrypoint saves,
@@ -50,6 +52,8 @@ from typing import TYPE_CHECKING, Any
 
 import submitit
 
+from hpcrl.ckpt.commit import read_latest
+from hpcrl.ckpt.config import checkpoint_root
 from hpcrl.config.schema import build, check_tree
 from hpcrl.config.yaml_io import atomic_write, load_yaml
 from hpcrl.distributed.env import DistEnv, init_process_group
@@ -117,6 +121,8 @@ def run_element(config_path: str | Path, run_dir: str | Path, lifecycle: Lifecyc
     cfg = load_resolved(config_path)
     env = DistEnv.from_environ()
     lifecycle = lifecycle or Lifecycle.for_this_process()
+    checkpoints = checkpoint_root(cfg.checkpoint, run_dir)
+    lifecycle.requeue_unsaved_if(lambda: read_latest(checkpoints) is not None)
     # Scoped: a 1-rank element runs inside the caller's process (`hpcrl run`, tests), whose later
     # sbatch calls must not inherit this element's MASTER_PORT and RANK, nor keep its signal handlers.
     with scoped_environ(env.torchrun_environ()), lifecycle.installed():
@@ -196,7 +202,7 @@ def _run_in_group(
         try:
             return fn(cfg, run_dir, lifecycle=lifecycle)
         except BaseException as err:
-            if env.rank == 0:
+            if env.rank == 0 and not lifecycle.requeued_unsaved:  # REQUEUED, by ElementTask.checkpoint
                 _write_state(run_dir, state="FAILED", error=f"{type(err).__name__}: {err}")
             raise
     finally:

@@ -44,9 +44,8 @@ from tests.waiting import wait_until
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "LOST"}
 REQUEUABLE_ENDS = {"TIMEOUT", "PREEMPTED", "NODE_FAIL"}
-"""Final only once no requeue is left: with requeues left, submitit (the time-limit signal) or Slurm
-(preemption, node failure) runs the element again (the flaky failure: TIMEOUT taken as final, the job
-completed two attempts later)."""
+"""Ends after which the job may run again; `hpcrl status` reports them only when the controller no longer
+lists the job (a requeued one reads PENDING: hpcrl.launcher.slurm._requeued), so they are final here."""
 
 
 def hpcrl(*args: str) -> str:
@@ -79,10 +78,10 @@ def element_status(sweep_dir: Path) -> dict:
 
 
 def is_final(element: dict) -> bool:
-    if element["state"] in REQUEUABLE_ENDS:
-        cfg = load_resolved(Path(element["run_dir"]) / "config.yaml")
-        return element["restarts"] >= cfg.cluster.max_requeues
-    return element["state"] in FINAL
+    """`hpcrl status` says TIMEOUT (or PREEMPTED, NODE_FAIL) only once the job has really ended: a
+    requeued one reads as the controller's PENDING. Before, this waited on for the requeue count to reach
+    max_requeues: a TIMEOUT that was never requeued kept it polling `hpcrl status` for 9 minutes."""
+    return element["state"] in FINAL | REQUEUABLE_ENDS
 
 
 def wait_final(sweep_dir: Path, timeout_s: float) -> dict:
@@ -213,3 +212,27 @@ def test_scontrol_requeue_of_a_running_two_node_element_resumes_it(slurm_cluster
     assert reference.wait(timeout=300) == 0
     final = assert_same_as_straight_run(run_dir, tmp_path / "ref", steps=20)
     print(f"requeued after {logged_before} logged steps, resumed at {resumed_at}, final sha256={final}")
+
+
+@pytest.mark.heavy
+def test_the_time_limit_before_the_requested_save_requeues_from_the_last_checkpoint(slurm_cluster, tmp_path):
+    """USR2 (submitit's time-limit warning) during a step that cannot end before the TERM that follows:
+    the element is requeued at once and resumes from the last checkpoint. Before, TERM only stopped it,
+    the save never came, nobody requeued, and the element ended as TIMEOUT: what a loaded CI node did to
+    the one-minute element (its 8th attempt spent the warning window starting up)."""
+    sweep_dir = submit(TEMPLATES / "grpo_signalled.yaml", tmp_path)
+    [entry] = load_manifest(sweep_dir).entries
+    run_dir = Path(entry.run_dir)
+    wait_until(lambda: latest_step(run_dir / "checkpoints") == 1, 300, "step 1's checkpoint", poll_s=0.5)
+    # step 1 now sleeps 15 s: no step boundary comes between the two signals
+    slurm_cluster.run(["scancel", "--signal=USR2", entry.job_id])
+    for rank in (0, 1):  # in order: TERM only after every rank took the warning
+        warned = lambda rank=rank: "USR2: requeue requested" in slurm_log(sweep_dir, rank)  # noqa: E731
+        wait_until(warned, 60, f"rank {rank} to take the USR2")
+    slurm_cluster.run(["scancel", "--signal=TERM", entry.job_id])
+    element = wait_final(sweep_dir, timeout_s=300)  # a guard: a requeue and a 2-step attempt
+    log = slurm_log(sweep_dir)
+    assert element["state"] == "COMPLETED" and element["restarts"] == 1, log[-3000:]
+    assert "requeued from the last checkpoint" in log and "saved (requested)" not in log, log[-3000:]
+    assert "step_00000001 at step 1" in log, log[-3000:]  # resumed from the checkpoint before the signals
+    assert [r["step"] for r in metric_rows(run_dir)] == [0, 1, 2]  # each step once
