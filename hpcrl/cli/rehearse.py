@@ -73,17 +73,8 @@ def main(args) -> int:
     for index in indices:
         element = sweep.elements[index]
         where = root / f"element-{index}"
-        cfg = _with_model(element.config, args.model)
-        rehearsal = derive(
-            cfg,
-            run_root=str(where / "runs"),
-            model_dir=args.model or str(where / "model"),
-            vllm_here=vllm_here,
-            steps=args.steps,
-            max_ranks=args.max_ranks,
-            real_model=args.model is not None,
-        )
-        key = _identity(element.data, rehearsal)
+        rehearsal = rehearsal_of(element, where, args.model, args.steps, args.max_ranks, vllm_here)
+        key = rehearsal_identity(element.data, rehearsal)
         print(
             f"\nrehearse {sweep.template} [{index}] {element.config_id}: {rehearsal.ranks} rank(s)",
             flush=True,
@@ -94,6 +85,21 @@ def main(args) -> int:
         seen[key] = index
         failed += not _rehearse(element, rehearsal, where, args, real_model=args.model is not None)
     return 1 if failed else 0
+
+
+def rehearsal_of(
+    element, where: Path, model: str | None, steps: int, max_ranks: int, vllm_here: bool
+) -> Rehearsal:
+    """The rehearsal of one sweep element, run under `where` (`model`: an HF directory at real size)."""
+    return derive(
+        _with_model(element.config, model),
+        run_root=str(where / "runs"),
+        model_dir=model or str(where / "model"),
+        vllm_here=vllm_here,
+        steps=steps,
+        max_ranks=max_ranks,
+        real_model=model is not None,
+    )
 
 
 def _checked_index(index: int, sweep) -> int:
@@ -116,7 +122,7 @@ def _with_model(cfg, model_dir: str | None):
     return dataclasses.replace(cfg, model=model)
 
 
-def _identity(data: dict, rehearsal: Rehearsal) -> str:
+def rehearsal_identity(data: dict, rehearsal: Rehearsal) -> str:
     """What makes two elements' rehearsals the same run (their paths and names aside)."""
     derived = with_values(
         data, {k: v for k, v in rehearsal.overrides.items() if k not in ("run_root", "model.hf_path")}
