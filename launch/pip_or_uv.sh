@@ -3,6 +3,9 @@
 # `venv_install ARGS...` (pip install's arguments), which installs through uv when it can. A clean clone's
 # `pip install torch==2.13.0 -e .[dev]` took ~60 s of set-up on 2 cores (pip's resolver and unpacking),
 # uv ~5 s, with the same packages at the same versions (checked with `pip list --format=freeze`).
+# --compile-bytecode: pip writes every module's .pyc at install, uv only when asked; without them each
+# `python -B` process (multiprocessing's forkserver passes -B on from pytest) compiled torch,
+# transformers and megatron-core from source at every start (a clean-clone suite took 24+ min, not 17).
 # uv does not read pip's configuration: its sources and constraints (find-links, index URLs, constraint
 # files, from `pip config list` and PIP_* variables) are handed to uv as UV_* variables, so both install
 # from the same places. uv is bootstrapped into the venv by pip (UV_VERSION); if it cannot be, or
@@ -25,7 +28,7 @@ venv_install() {
     pip install -q "uv==$UV_VERSION" 2>&1 | quiet_pip
   fi
   if [ "${HPCRL_PIP:-0}" != 1 ] && [ -x "$VIRTUAL_ENV/bin/uv" ]; then
-    (_uv_from_pip && uv pip install -q --python "$VIRTUAL_ENV/bin/python" "$@") && return 0
+    (_uv_from_pip && uv pip install -q --compile-bytecode --python "$VIRTUAL_ENV/bin/python" "$@") && return 0
     echo "launch/pip_or_uv.sh: uv pip install failed: trying pip" >&2
   fi
   pip install -q "$@" 2>&1 | quiet_pip
