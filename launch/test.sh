@@ -5,7 +5,7 @@
 #   second session beside the rest) -> stop both clusters by their recorded PIDs, even on failure.
 # Extra arguments go to pytest (e.g. `launch/test.sh -k reshard`; `-n 0` runs the foreground in one process).
 # The foreground tests run on three pytest-xdist workers (the quick tier: two), whole modules at a time
-# (--dist loadfile: a module's fixtures are built once), longest modules first (tests/conftest.py); one
+# (--dist loadfile: a module's fixtures are built once), longest measured modules first (tests/module_seconds.py); one
 # worker alone leaves ~half a core idle while its ranks wait on each other (with three and the Slurm
 # session beside them, both cores are busy ~95% of the run).
 # `launch/test.sh --quick [pytest args]`: the building tier: venv + ruff + lint-imports + every package's
@@ -20,7 +20,7 @@ if [ "${1:-}" = "--quick" ]; then
   ruff format --check .
   lint-imports --no-cache
   set +e
-  python -m pytest -m "not slurm and not slow and not heavy" -n 2 --dist loadfile "$@"
+  python -m pytest -m "not slurm and not slow and not heavy" -n 2 --dist loadfile --no-loadscope-reorder "$@"
   rc=$?
   set -e
   [ "$rc" -eq 5 ] && { echo "launch/test.sh --quick: pytest collected no tests: failing on purpose" >&2; exit 1; }
@@ -56,7 +56,7 @@ set +e
 cluster_log="$(mktemp)"
 python -m pytest -m "slurm or beside_slurm" "$@" >"$cluster_log" 2>&1 &
 cluster_pid=$!
-python -m pytest -m "not slurm and not beside_slurm" -n 3 --dist loadfile "$@"
+python -m pytest -m "not slurm and not beside_slurm" -n 3 --dist loadfile --no-loadscope-reorder "$@"
 rc=$?
 wait "$cluster_pid"
 cluster_rc=$?

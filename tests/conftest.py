@@ -13,6 +13,8 @@ import sys
 
 import pytest
 
+from tests.module_seconds import longest_modules_first, record_if_asked
+
 BACKGROUND_MARKERS = {
     "background_start": "starts long, mostly idle background work through a session fixture (e.g. a Slurm "
     "element that runs for minutes); moved to the FRONT of the session",
@@ -25,6 +27,7 @@ def pytest_configure(config):
     for name, doc in BACKGROUND_MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {doc}")
     _one_thread_per_test_process()
+    record_if_asked(config)  # HPCRL_RECORD_MODULE_SECONDS=1: tests/module_seconds.json
 
 
 def _one_thread_per_test_process() -> None:
@@ -41,7 +44,7 @@ def _one_thread_per_test_process() -> None:
 @pytest.hookimpl(trylast=True)  # after any other reordering: these positions are what make the overlap
 def pytest_collection_modifyitems(config, items):
     _skip_gpu_tests_without_cuda(items)
-    _long_modules_first(items)
+    longest_modules_first(items)  # tests/module_seconds.py
     _background_work_first_and_its_checks_last(items)
 
 
@@ -54,17 +57,6 @@ def _skip_gpu_tests_without_cuda(items) -> None:
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
-
-
-def _long_modules_first(items) -> None:
-    """Modules holding a `slow` test, then those holding a `heavy` one, then the rest (each module's own
-    order kept): launch/test.sh hands whole modules to pytest-xdist workers (--dist loadfile) in this
-    order, and the longest ones started first leave no long module running alone at the end."""
-    weight: dict[str, int] = {}
-    for item in items:
-        rank = 2 if item.get_closest_marker("slow") else 1 if item.get_closest_marker("heavy") else 0
-        weight[item.nodeid.split("::")[0]] = max(rank, weight.get(item.nodeid.split("::")[0], 0))
-    items.sort(key=lambda item: -weight[item.nodeid.split("::")[0]])  # stable
 
 
 def _background_work_first_and_its_checks_last(items) -> None:
