@@ -41,6 +41,7 @@ W ranks from itself, each running that same `main`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import json
 import os
@@ -52,7 +53,6 @@ from typing import TYPE_CHECKING, Any
 
 import submitit
 
-from hpcrl.ckpt.commit import read_latest
 from hpcrl.ckpt.config import checkpoint_root
 from hpcrl.config.schema import build, check_tree
 from hpcrl.config.yaml_io import atomic_write, load_yaml
@@ -121,12 +121,21 @@ def run_element(config_path: str | Path, run_dir: str | Path, lifecycle: Lifecyc
     cfg = load_resolved(config_path)
     env = DistEnv.from_environ()
     lifecycle = lifecycle or Lifecycle.for_this_process()
-    checkpoints = checkpoint_root(cfg.checkpoint, run_dir)
-    lifecycle.requeue_unsaved_if(lambda: read_latest(checkpoints) is not None)
+    lifecycle.requeue_unsaved_if(functools.partial(_has_checkpoint, checkpoint_root(cfg.checkpoint, run_dir)))
     # Scoped: a 1-rank element runs inside the caller's process (`hpcrl run`, tests), whose later
     # sbatch calls must not inherit this element's MASTER_PORT and RANK, nor keep its signal handlers.
     with scoped_environ(env.torchrun_environ()), lifecycle.installed():
         return _run_rank(cfg, env, run_dir, lifecycle)
+
+
+def _has_checkpoint(root: Path) -> bool:
+    """A committed checkpoint to resume from. Imported here, not at the top: hpcrl.ckpt.commit imports
+    torch, and this module must stay light, because submitit unpickles ElementTask (importing it) before
+    it installs its signal handlers: a USR2 in that window kills the rank (a loaded node's attempt died
+    of "User defined signal 2" while the import took torch along)."""
+    from hpcrl.ckpt.commit import read_latest
+
+    return read_latest(root) is not None
 
 
 @contextlib.contextmanager

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -93,3 +94,16 @@ def test_an_in_process_run_restores_the_callers_environment(tmp_path, monkeypatc
     [probe] = (tmp_path / "runs").glob("probe2/*/probe.json")
     assert json.loads(probe.read_text())["env"] == {"OMP_NUM_THREADS": "1", "HPCRL_PROBE_MARK": "set"}
     assert dict(os.environ) == before
+
+
+def test_unpickling_the_element_task_imports_no_torch():
+    """submitit unpickles ElementTask (importing its module) BEFORE it installs its signal handlers, so a
+    time-limit USR2 in that window kills the rank with the default action. With torch imported there the
+    window grew ~3x and a loaded node's requeued attempt died of "User defined signal 2" (FAILED)."""
+    child = (
+        "import pickle, sys; pickle.loads(sys.stdin.buffer.read()); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'h5py', 'megatron')))"
+    )
+    blob = pickle.dumps(element.ElementTask())
+    proc = subprocess.run([sys.executable, "-c", child], input=blob, capture_output=True, check=True)
+    assert proc.stdout.decode().strip() == "[]", proc.stdout.decode()[:2000]
