@@ -133,7 +133,7 @@ def _has_checkpoint(root: Path) -> bool:
     torch, and this module must stay light, because submitit unpickles ElementTask (importing it) before
     it installs its signal handlers: a USR2 in that window kills the rank (a loaded node's attempt died
     of "User defined signal 2" while the import took torch along)."""
-    from hpcrl.ckpt.commit import read_latest
+    from hpcrl.ckpt.commit import read_latest  # imports torch: see the docstring
 
     return read_latest(root) is not None
 
