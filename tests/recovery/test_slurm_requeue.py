@@ -167,17 +167,20 @@ def test_time_limit_of_one_minute_finishes_through_signal_save_and_requeue(reque
         if "saved (requested), stopping for requeue" in line  # signal -> save -> stop, on each attempt
     ]
     saves = len(stops)
-    assert saves >= 1 and log.count("Requeued job") == saves == element["restarts"], log[-3000:]
+    # an attempt still starting when the time limit came is requeued unsaved, from the last checkpoint
+    unsaved = log.count("the time limit came before the requested save")
+    requeues = log.count("Requeued job")
+    assert saves >= 1 and saves + unsaved == requeues == element["restarts"], log[-3000:]
     rank1_log = slurm_log(run.sweep_dir, rank=1)  # the signal reached the other rank too
     assert rank1_log.count("SIGUSR2: requeue requested") >= saves, rank1_log[-3000:]
-    assert log.count("resumed from") == element["restarts"]
+    assert 1 <= log.count("resumed from") <= element["restarts"]  # one per attempt that got that far
     run_dir = Path(element["run_dir"])
     cfg = load_resolved(run_dir / "config.yaml")
     assert cfg.cluster.time_min == 1 and cfg.algorithm.steps * float(cfg.cluster.env[STEP_SLEEP_ENV]) >= 150
     final = assert_same_as_straight_run(run_dir, run.reference_root, steps=cfg.algorithm.steps)
     finished = json.loads((run_dir / LAUNCHER_STATE).read_text())["finished"]
     print(
-        f"attempts={saves + 1} requeues={element['restarts']} stopped after steps {stops} "
+        f"attempts={requeues + 1} requeues={requeues} ({unsaved} unsaved) stopped after steps {stops} "
         f"element wall={finished - run.submitted_at:.0f}s (submit -> COMPLETED), "
         f"check waited {time.time() - check_started:.0f}s, final state sha256={final}"
     )
