@@ -83,6 +83,10 @@ def _rank_main(
             world_size=world_size,
             timeout=timedelta(seconds=timeout_s),
         )
+        # every rank has its gloo mesh before any can tear it down: a rank whose fn returned at once
+        # destroyed the group while a slower peer was still in connectFullMesh ("Connection closed by
+        # peer"), which then failed in place of the rank that really failed (a loaded clean-clone run)
+        dist.barrier()
         try:
             value = fn(rank, world_size, *args)
         finally:

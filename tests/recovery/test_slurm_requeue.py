@@ -169,8 +169,11 @@ def test_time_limit_of_one_minute_finishes_through_signal_save_and_requeue(reque
     saves = len(stops)
     # an attempt still starting when the time limit came is requeued unsaved, from the last checkpoint
     unsaved = log.count("the time limit came before the requested save")
-    requeues = log.count("Requeued job")
-    assert saves >= 1 and saves + unsaved == requeues == element["restarts"], log[-3000:]
+    requeues = element["restarts"]
+    assert saves >= 1 and saves + unsaved == requeues, log[-3000:]
+    # submitit logs "Requeued job" after `scontrol requeue` returns, and the requeue may TERM that scontrol
+    # first (it runs inside the job: the clean-clone run of 7592ef8 logged 12 of 13 requeues)
+    assert 1 <= log.count("Requeued job") <= requeues, log[-3000:]
     rank1_log = slurm_log(run.sweep_dir, rank=1)  # the signal reached the other rank too
     assert rank1_log.count("SIGUSR2: requeue requested") >= saves, rank1_log[-3000:]
     assert 1 <= log.count("resumed from") <= element["restarts"]  # one per attempt that got that far
