@@ -2,7 +2,7 @@
 # Create .venv and install hpcrl into it (sourced by quickstart.sh and test.sh).
 # On a machine without CUDA, torch is pinned to 2.13.0 (the CPU build where one is offered, as here) so that
 # no resolver pulls a multi-GB CUDA build; on a GPU machine the default torch wheel is used. Installs go
-# through launch/pip_or_uv.sh (uv: ~5 s where pip took ~60 s; HPCRL_PIP=1 for pip).
+# through launch/pip_or_uv.sh (a clean clone: 27 s where pip took ~65 s; HPCRL_PIP=1 for pip).
 # Usage: source launch/setup_env.sh [extras]   e.g. `source launch/setup_env.sh dev`
 set -euo pipefail
 HPCRL_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
