@@ -20,12 +20,19 @@ def alive(pid: int) -> bool:
     return fields is not None and fields[0] != "Z"
 
 
-def live_group_members(pgid: int) -> list[int]:
-    """Pids of the live (non-zombie) processes in process group `pgid`."""
+def live_with_environ(key: str, value: str) -> list[int]:
+    """Pids of the live (non-zombie) processes whose environment has `key=value`: every descendant of a
+    process started with it, whatever process group or session it moved to (a killed parent's children
+    are reparented, so the tree can no longer be walked; their environment still says whose they are)."""
+    wanted = f"{key}={value}".encode()
     members = []
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            fields = _stat_fields(entry.name)  # state, ppid, pgrp, ...
-            if fields is not None and fields[0] != "Z" and int(fields[2]) == pgid:
-                members.append(int(entry.name))
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:  # gone, or not ours to read
+            continue
+        if wanted in environ and alive(int(entry.name)):
+            members.append(int(entry.name))
     return members

@@ -21,8 +21,8 @@ submitit's handler, which calls `ElementTask.checkpoint` (state REQUEUED) and `s
 element; the restarted element resumes from `latest`. An entrypoint that never asks for it (it saves
 nothing) is not requeued: it would restart from scratch. A signal after the last step requeues nothing.
 The same path serves a save made before the time limit without any signal. When the time limit's SIGTERM
-comes before that save landed, the lifecycle requeues at once from the last committed checkpoint (there
-is one: `requeue_unsaved_if`), and rank 0's state stays REQUEUED.
+comes before that save landed, the lifecycle requeues at once (the next attempt resumes from the last
+committed checkpoint, if any), and rank 0's state stays REQUEUED.
 
 Termination path: a preemption (PreemptMode=REQUEUE), `scontrol requeue` or scancel sends SIGTERM to every
 rank and SIGKILL KillWait seconds later (submitit's own handler only logs SIGTERM). The entrypoint saves,
@@ -41,7 +41,6 @@ W ranks from itself, each running that same `main`.
 from __future__ import annotations
 
 import contextlib
-import functools
 import importlib
 import json
 import os
@@ -53,7 +52,6 @@ from typing import TYPE_CHECKING, Any
 
 import submitit
 
-from hpcrl.ckpt.config import checkpoint_root
 from hpcrl.config.schema import build, check_tree
 from hpcrl.config.yaml_io import atomic_write, load_yaml
 from hpcrl.distributed.env import DistEnv, init_process_group
@@ -121,21 +119,10 @@ def run_element(config_path: str | Path, run_dir: str | Path, lifecycle: Lifecyc
     cfg = load_resolved(config_path)
     env = DistEnv.from_environ()
     lifecycle = lifecycle or Lifecycle.for_this_process()
-    lifecycle.requeue_unsaved_if(functools.partial(_has_checkpoint, checkpoint_root(cfg.checkpoint, run_dir)))
     # Scoped: a 1-rank element runs inside the caller's process (`hpcrl run`, tests), whose later
     # sbatch calls must not inherit this element's MASTER_PORT and RANK, nor keep its signal handlers.
     with scoped_environ(env.torchrun_environ()), lifecycle.installed():
         return _run_rank(cfg, env, run_dir, lifecycle)
-
-
-def _has_checkpoint(root: Path) -> bool:
-    """A committed checkpoint to resume from. Imported here, not at the top: hpcrl.ckpt.commit imports
-    torch, and this module must stay light, because submitit unpickles ElementTask (importing it) before
-    it installs its signal handlers: a USR2 in that window kills the rank (a loaded node's attempt died
-    of "User defined signal 2" while the import took torch along)."""
-    from hpcrl.ckpt.commit import read_latest  # imports torch: see the docstring
-
-    return read_latest(root) is not None
 
 
 @contextlib.contextmanager

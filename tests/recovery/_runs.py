@@ -18,21 +18,33 @@ from hpcrl.ckpt.commit import committed, read_latest
 from hpcrl.ckpt.load import load_checkpoint
 from hpcrl.ckpt.manifest import read_manifest
 from hpcrl.ckpt.shards import ShardSpec
-from tests.processes import live_group_members
+from tests.processes import live_with_environ
 from tests.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATES = REPO / "templates" / "recovery"
+RUN_TAG_ENV = "HPCRL_TEST_RUN_ROOT"
+"""Set by `start_run` to the run root: every process of that run inherits it (`processes_of`)."""
 VOLATILE_PREFIXES = ("time/", "share/", "tps/")
 """Wall-clock metrics: the only ones allowed to differ between two runs of the same config."""
 
 
 def start_run(template: Path, run_root: Path, *overrides: str, log: Path) -> subprocess.Popen:
     """`hpcrl run TEMPLATE --run_root ROOT [--key value ...]` as a child process (1 rank: in-process), in
-    a process group of its own (its pgid is its pid: `wait_for_group_gone`)."""
+    a session of its own, its processes tagged with the run root (`processes_of`)."""
     cmd = [sys.executable, "-m", "hpcrl", "run", str(template), "--run_root", str(run_root), *overrides]
+    env = {**os.environ, RUN_TAG_ENV: str(run_root)}
     with log.open("ab") as out:
-        return subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env
+        )
+
+
+def processes_of(run_root: Path) -> list[int]:
+    """Live processes of the runs `start_run` started under `run_root`: the launcher and its rank server
+    and ranks, which lead a process group of their own (hpcrl.launcher.ranks), so a wait on the launcher's
+    group would miss them."""
+    return live_with_environ(RUN_TAG_ENV, str(run_root))
 
 
 def run_dir_of(run_root: Path) -> Path:
@@ -119,11 +131,13 @@ def kill_after_a_checkpoint_and_rerun(
         return steps_logged(run_dir) >= kill_after and bool(latest_step(run_dir / "checkpoints"))
 
     wait_until(killable, timeout_s, f"{kill_after} logged steps and a checkpoint {context}", poll_s=0.01)
+    # the tag finds the run's processes (unless it ended: the next assert says so)
+    assert victim.poll() is not None or victim.pid in processes_of(tmp_path / "run"), context
     victim.send_signal(signal.SIGKILL)
     assert victim.wait(timeout=120) == -signal.SIGKILL, f"the run ended before the kill {context}"
     # the ranks die with the launcher through PDEATHSIG, i.e. later: until they are gone one may still
     # commit a checkpoint and move `latest` (the rerun's writer lock waits for them the same way)
-    wait_until(lambda: not live_group_members(victim.pid), 120, f"the killed run's ranks to die {context}")
+    wait_until(lambda: not processes_of(tmp_path / "run"), 120, f"the killed run's ranks to die {context}")
     run_dir = run_dir_of(tmp_path / "run")
     killed_at = steps_logged(run_dir)
     resume_from = latest_step(run_dir / "checkpoints")
