@@ -99,10 +99,14 @@ _TMP_POINTS = {"rank file begun", "rank file half written", "rank file not yet f
 _TMP_POINTS |= {"manifest written", "commit rename"}
 
 
-def inside_save(label: str, listing: list[str], latest: str | None) -> bool:
+def inside_save(
+    label: str, listing: list[str], latest: str | None, deleting: list[str] | None = None
+) -> bool:
     """Whether the root's `listing` (and `latest`'s text) at a pause at `label` shows a save in progress:
     its tmp dir before the commit rename, a committed dir newer than `latest` before `latest` moves, the
-    new `latest` before verification, a trash dir while pruning."""
+    new `latest` before verification. Pruning is told by what the paused call deletes (`deleting`): a sync
+    save prunes in a thread of its own, and the next save's `remove_leftovers` may already have removed
+    that trash from the listing by the time the thread reaches the pause (a run on a busy machine)."""
     steps = [int(name[5:]) for name in listing if name.startswith("step_") and name[5:].isdigit()]
     latest_step = int(latest[5:]) if latest else None
     if label in _TMP_POINTS:
@@ -111,7 +115,7 @@ def inside_save(label: str, listing: list[str], latest: str | None) -> bool:
         return bool(steps) and (latest_step is None or max(steps) > latest_step)
     if label == "latest moved, not verified":
         return bool(steps) and latest_step == max(steps)
-    return any(".trash-" in name for name in listing)
+    return bool(deleting) and all(".trash-" in name or ".rejected-" in name for name in deleting)
 
 
 def _counts_as_call(label: str, args: tuple) -> bool:
@@ -135,6 +139,8 @@ def _install_pause(root: Path, label: str, occurrence: int, report_fd: int) -> N
                 "listing": sorted(os.listdir(root)),
                 "latest": latest.read_text().strip() if latest.is_file() else None,
             }
+            if label == "pruning old checkpoints":  # what this call deletes: `inside_save`
+                report["deleting"] = [Path(path).name for path in args[0]]
             os.write(report_fd, (json.dumps(report) + "\n").encode())
             os.kill(os.getpid(), signal.SIGSTOP)
         return original(*args, **kwargs)

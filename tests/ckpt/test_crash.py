@@ -55,7 +55,9 @@ def _one_trial(zygote, root, async_save: bool, label: str, occurrence: int) -> i
     assert result["killed"], "the child died before the kill"
     pause = result["pause"]
     assert pause is not None and pause["paused"] == label, f"never reached {label!r} (call {occurrence})"
-    assert inside_save(label, pause["listing"], pause["latest"]), f"{label}: no save in {pause}"
+    assert inside_save(label, pause["listing"], pause["latest"], pause.get("deleting")), (
+        f"{label}: no save in {pause}"
+    )
     return result["promised"]
 
 
