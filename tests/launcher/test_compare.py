@@ -19,7 +19,7 @@ from tests.waiting import wait_until
 
 def _template(tmp_path: Path, sweep: str) -> Path:
     return write_grpo_template(
-        tmp_path, "cmp", steps=20, eval_every=10, extra=f"cluster: {{array_parallelism: 2}}\n{sweep}"
+        tmp_path, "cmp", steps=4, eval_every=2, extra=f"cluster: {{array_parallelism: 2}}\n{sweep}"
     )
 
 
@@ -57,7 +57,7 @@ def test_a_finished_local_sweep_compared_by_the_command(tmp_path, capsys):
     assert code == 0 and "2/2 element(s) logged reward/heldout" in out, out
     report = (sweep / "compare" / "report.md").read_text()
     rows = [line for line in report.splitlines() if line.startswith("| ") and "COMPLETED" in line]
-    assert len(rows) == 2 and all("| 20 |" in row for row in rows)  # 20 steps, the final evaluation's step
+    assert len(rows) == 2 and all("| 4 |" in row for row in rows)  # 4 steps, the final evaluation's step
     for entry, row in zip(load_manifest(sweep).entries, rows, strict=True):
         logged = [json.loads(line) for line in Path(entry.run_dir, "metrics.jsonl").read_text().splitlines()]
         final = [r["reward/heldout"] for r in logged if "reward/heldout" in r][-1]

@@ -179,7 +179,8 @@ def test_time_limit_of_one_minute_finishes_through_signal_save_and_requeue(reque
     assert 1 <= log.count("resumed from") <= element["restarts"]  # one per attempt that got that far
     run_dir = Path(element["run_dir"])
     cfg = load_resolved(run_dir / "config.yaml")
-    assert cfg.cluster.time_min == 1 and cfg.algorithm.steps * float(cfg.cluster.env[STEP_SLEEP_ENV]) >= 150
+    # more sleep alone than a one-minute attempt holds: no attempt can finish the run by itself
+    assert cfg.cluster.time_min == 1 and cfg.algorithm.steps * float(cfg.cluster.env[STEP_SLEEP_ENV]) > 60
     final = assert_same_as_straight_run(run_dir, run.reference_root, steps=cfg.algorithm.steps)
     finished = json.loads((run_dir / LAUNCHER_STATE).read_text())["finished"]
     print(

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from hpcrl import cli
 from hpcrl.metrics.sinks import read_jsonl
 from hpcrl.rl.advantages import AdvantageInputs, compute_advantages, masked_whiten, reverse_kl_advantages
 from tests.cli_runs import run_cli
@@ -94,7 +95,7 @@ def test_a_hostile_teacher_path_is_exit_2_naming_the_key(tmp_path, capsys, hosti
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def teacher(sft_copy_export) -> Path:
     """sft_tiny's export on the copy task (the session's shared SFT policy, tests/conftest.py)."""
     return sft_copy_export
@@ -105,18 +106,23 @@ def _heldout(root: Path) -> list[tuple[int, float]]:
     return [(r["step"], r["reward/heldout"]) for r in read_jsonl(metrics) if "reward/heldout" in r]
 
 
+@pytest.fixture(scope="module")
+def teacher_score(teacher, tmp_path_factory) -> float:
+    """The teacher's own held-out score: the same greedy eval with the teacher as the policy
+    (model.hf_path), its step-0 evaluation. The same for every seed, so measured once."""
+    own = tmp_path_factory.mktemp("teacher_score")
+    argv = ["run", DISTILL, f"--run_root={own}", f"--model.hf_path={teacher}", "--algorithm.steps=1"]
+    assert cli.main([str(a) for a in [*argv, f"--algorithm.teacher_path={teacher}", *QUIET]]) == 0
+    score = _heldout(own)[0][1]
+    assert score >= 0.95, score
+    return score
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_the_student_reaches_09_of_the_teachers_heldout_score(teacher, tmp_path, capsys, seed):
-    """distill_tiny as its header says to run it: the teacher's own held-out score (the same greedy eval,
-    the teacher as the policy: model.hf_path) against the student's, from random init (its own per seed),
-    150 steps."""
-    own = tmp_path / "own"
-    argv = ["run", DISTILL, f"--run_root={own}", f"--model.hf_path={teacher}", "--algorithm.steps=1"]
-    code, _, err = run_cli(capsys, *argv, f"--algorithm.teacher_path={teacher}", *QUIET)
-    assert code == 0, err
-    teacher_score = _heldout(own)[0][1]
-    assert teacher_score >= 0.95, teacher_score
+def test_the_student_reaches_09_of_the_teachers_heldout_score(teacher, teacher_score, tmp_path, capsys, seed):
+    """distill_tiny as its header says to run it: the teacher's own held-out score (`teacher_score`)
+    against the student's, from random init (its own per seed), 150 steps."""
     student = tmp_path / "student"
     argv = ["run", DISTILL, f"--run_root={student}", f"--algorithm.teacher_path={teacher}", *QUIET]
     argv += [f"--seed={seed}", f"--model.init_seed={7 + seed}"]
