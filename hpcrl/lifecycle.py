@@ -17,13 +17,15 @@ different moments, so the trigger turns the flags into one decision that all ran
             from the terminal)
 
 A TERM after USR2 whose save has not landed (a slow start or a long step on a loaded node: the time limit
-came first) requeues at once; the next attempt resumes from the last committed checkpoint, or starts
-over when there is none yet. That is what submitit's own handler does at the USR2, and the alternative
-ends the element as TIMEOUT: an attempt whose first save was still being written when the time limit
-came (a loaded node, the first attempt of a one-minute element) would end the whole job. A save still
-in flight is abandoned (the commit is atomic: nothing half-written is ever `latest`). Requeues stay
-bounded by submitit's max_num_timeout. (A scancel inside that last window is taken for the time limit:
-the job comes back once, and a second scancel ends it.)
+came first) requeues at once when the run checkpoints (`checkpoints_and_resumes`, said by its stage's
+checkpointing); the next attempt resumes from the last committed checkpoint, or starts over when there
+is none yet. That is what submitit's own handler does at the USR2, and the alternative ends the element
+as TIMEOUT: an attempt whose first save was still being written when the time limit came (a loaded node,
+the first attempt of a one-minute element) would end the whole job. A run that saves nothing is not
+requeued: it would only start over. A save still in flight completes or is killed, atomically either
+way (nothing half-written is ever `latest`); rank 0 makes no save on exit (the other ranks are not
+saving with it). Requeues stay bounded by submitit's max_num_timeout. (A scancel inside that last
+window is taken for the time limit: the job comes back once, and a second scancel ends it.)
 
 USR2 and TERM are taken over only under submitit (elsewhere nobody sends USR2, and a local SIGTERM, e.g.
 `hpcrl cancel` of a local element, should end the rank at once). A signal that arrives before the
@@ -65,6 +67,7 @@ class Lifecycle:
         """INT: the signal that asked this rank to stop, for the exit code (128 + it)."""
         self._save_requested = False
         self._requeue_asked = False  # USR2 came: a requeue is owed, after a save or (TERM first) at once
+        self._resumable = False
         self.requeued_unsaved = False
         """TERM came before USR2's save landed and the requeue was handed to submitit from the handler."""
         self._terminating = False
@@ -122,11 +125,18 @@ class Lifecycle:
         _say(f"{signal.Signals(signum).name}: Slurm is ending the job")
         self._terminating = True
         owed = self._requeue_asked and not self._stop_for_requeue and not self.requeued_unsaved
-        if owed and self.submitit_handler is not None:
-            _say("the time limit came before the requested save: requeued (resumes from the last checkpoint)")
+        if owed and self.submitit_handler is not None and self._resumable:
+            _say(
+                "the time limit came before the requested save: requeued (resumes from the last checkpoint, if any)"
+            )
             self.requeued_unsaved = True  # first: the requeue's own TERM re-enters this handler
             # rank 0: ElementTask.checkpoint, `scontrol requeue`, SystemExit; other ranks: it returns
             self.submitit_handler(REQUEUE_SIGNAL, None)
+
+    def checkpoints_and_resumes(self) -> None:
+        """The entrypoint saves checkpoints and resumes from them (its stage checkpointing says so): a
+        requeue on a TERM that beat the requested save continues the run instead of only restarting it."""
+        self._resumable = True
 
     def _on_interrupt(self, signum: int, frame: Any) -> None:
         if self.interrupted_by is not None:

@@ -78,19 +78,23 @@ def test_term_before_the_requested_save_landed_requeues_at_once():
     CI run of 0b64e6d), where the next attempt starts over, as after submitit's own requeue."""
     handler = _RecordingHandler()
     lifecycle = Lifecycle(submitit_handler=handler.handle)
+    lifecycle.checkpoints_and_resumes()  # what the stage's checkpointing says
     _signals_to(lifecycle, signal.SIGUSR2, signal.SIGTERM, signal.SIGTERM)  # the requeue's own TERM
     assert handler.calls == [signal.SIGUSR2]  # once: what the wrapper's requeue after a save calls
     assert lifecycle.requeued_unsaved and lifecycle.terminating
 
 
-def test_term_requeues_nothing_after_the_save_landed_or_without_usr2():
+def test_term_requeues_nothing_after_the_save_landed_without_usr2_or_for_a_run_that_saves_nothing():
     cases = {
-        "saved: the wrapper requeues": [signal.SIGUSR2, "save", signal.SIGTERM],
-        "no USR2: preemption or scancel, Slurm decides": [signal.SIGTERM],
+        "saved: the wrapper requeues": (True, [signal.SIGUSR2, "save", signal.SIGTERM]),
+        "no USR2: preemption or scancel, Slurm decides": (True, [signal.SIGTERM]),
+        "an entrypoint without checkpoints would only start over": (False, [signal.SIGUSR2, signal.SIGTERM]),
     }
-    for case, signals in cases.items():
+    for case, (resumable, signals) in cases.items():
         handler = _RecordingHandler()
         lifecycle = Lifecycle(submitit_handler=handler.handle)
+        if resumable:
+            lifecycle.checkpoints_and_resumes()
         _signals_to(lifecycle, *signals)
         assert handler.calls == [] and not lifecycle.requeued_unsaved, case
         assert lifecycle.terminating, case

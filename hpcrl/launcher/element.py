@@ -21,8 +21,8 @@ submitit's handler, which calls `ElementTask.checkpoint` (state REQUEUED) and `s
 element; the restarted element resumes from `latest`. An entrypoint that never asks for it (it saves
 nothing) is not requeued: it would restart from scratch. A signal after the last step requeues nothing.
 The same path serves a save made before the time limit without any signal. When the time limit's SIGTERM
-comes before that save landed, the lifecycle requeues at once (the next attempt resumes from the last
-committed checkpoint, if any), and rank 0's state stays REQUEUED.
+comes before that save landed, the lifecycle requeues at once an entrypoint that checkpoints (the next
+attempt resumes from the last committed checkpoint, if any), and rank 0's state stays REQUEUED.
 
 Termination path: a preemption (PreemptMode=REQUEUE), `scontrol requeue` or scancel sends SIGTERM to every
 rank and SIGKILL KillWait seconds later (submitit's own handler only logs SIGTERM). The entrypoint saves,
@@ -198,7 +198,9 @@ def _run_in_group(
         try:
             return fn(cfg, run_dir, lifecycle=lifecycle)
         except BaseException as err:
-            if env.rank == 0 and not lifecycle.requeued_unsaved:  # REQUEUED, by ElementTask.checkpoint
+            # requeued from the TERM handler: submitit's requeue exits (SystemExit) once `scontrol requeue`
+            # took, and ElementTask.checkpoint wrote REQUEUED; its refusal (no requeue left) is an error
+            if env.rank == 0 and not (lifecycle.requeued_unsaved and isinstance(err, SystemExit)):
                 _write_state(run_dir, state="FAILED", error=f"{type(err).__name__}: {err}")
             raise
     finally:

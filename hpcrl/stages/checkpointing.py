@@ -113,6 +113,7 @@ class StageCheckpointing:
         `states` are restored in their order, after the RNG states."""
         self.cfg, self.run_dir = cfg, Path(run_dir)
         self.lifecycle = lifecycle or Lifecycle()  # a direct call (tests): inert, no signal handlers
+        self.lifecycle.checkpoints_and_resumes()
         self.trainers = dict(trainers)
         self.states: list[Stateful] = [TrainerStates(self.trainers), *states]
         self.group = dist.group.WORLD if dist.is_initialized() and dist.get_world_size() > 1 else None
@@ -264,7 +265,12 @@ class StageCheckpointing:
         for remove in self._removers:
             remove()
         self._removers = []
-        if self.cfg.checkpoint.save_on_exit and completed_steps > 0 and self._last_saved != completed_steps:
+        if self.lifecycle.requeued_unsaved:  # requeued from the TERM handler: the other ranks save nothing
+            log.warning(
+                "not saved on exit: requeued at the time limit; the next attempt resumes from %s",
+                self._last_saved,
+            )
+        elif self.cfg.checkpoint.save_on_exit and completed_steps > 0 and self._last_saved != completed_steps:
             if between_steps:
                 self.save(completed_steps)
             else:

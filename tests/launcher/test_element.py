@@ -107,3 +107,30 @@ def test_unpickling_the_element_task_imports_no_torch():
     blob = pickle.dumps(element.ElementTask())
     proc = subprocess.run([sys.executable, "-c", child], input=blob, capture_output=True, check=True)
     assert proc.stdout.decode().strip() == "[]", proc.stdout.decode()[:2000]
+
+
+@pytest.mark.parametrize(
+    ("raised", "state"),
+    [
+        (SystemExit(0), "REQUEUED"),
+        (submitit.core.utils.UncompletedJobError("timed-out too many times"), "FAILED"),
+    ],
+    ids=["requeued", "refused"],
+)
+def test_a_requeue_from_the_term_handler_stays_requeued_and_a_refused_one_is_failed(tmp_path, raised, state):
+    """Rank 0's TERM handler hands the requeue to submitit, which writes REQUEUED (ElementTask.checkpoint)
+    and then either exits once `scontrol requeue` took (SystemExit) or refuses (no requeue left:
+    UncompletedJobError): the job then ends, and launcher.json must not go on saying REQUEUED."""
+    from hpcrl.distributed.env import DistEnv
+    from hpcrl.experiment.config import ExperimentConfig
+    from hpcrl.lifecycle import Lifecycle
+
+    def entrypoint(cfg, run_dir, lifecycle):
+        element.ElementTask().checkpoint("cfg.yaml", str(run_dir))  # what submitit's handler calls first
+        lifecycle.requeued_unsaved = True
+        raise raised
+
+    env = DistEnv.from_environ()
+    with element.scoped_environ(env.torchrun_environ()), pytest.raises(type(raised)):
+        element._run_in_group(entrypoint, ExperimentConfig(), env, tmp_path, Lifecycle(), None)
+    assert json.loads((tmp_path / element.LAUNCHER_STATE).read_text())["state"] == state

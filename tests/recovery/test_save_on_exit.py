@@ -62,3 +62,41 @@ def test_a_run_stopped_between_steps_is_still_saved_on_exit(tmp_path):
     assert main([*argv, "--algorithm.eval_every", "0", "--checkpoint.every_steps", "0", *QUIET]) == 0
     [run_dir] = tmp_path.glob("grpo_tiny/*")
     assert [p.name for p in (run_dir / "checkpoints").glob("step_*")] == ["step_00000002"]
+
+
+def test_a_run_requeued_from_the_term_handler_makes_no_save_on_exit(monkeypatch, tmp_path, caplog):
+    """The time limit's TERM beat the requested save and rank 0's handler requeued the job (submitit:
+    `scontrol requeue`, SystemExit) between two steps: the other ranks are not saving with rank 0, so a
+    save on exit (a collective) would only hang until Slurm's SIGKILL. The next attempt resumes from the
+    last checkpoint instead."""
+    from hpcrl.lifecycle import Lifecycle
+
+    checkpointed: list[Lifecycle] = []
+    real_says = Lifecycle.checkpoints_and_resumes
+    monkeypatch.setattr(
+        Lifecycle, "checkpoints_and_resumes", lambda self: (checkpointed.append(self), real_says(self))
+    )
+    real_run_steps = job.run_steps
+
+    def run_steps(cfg, run_dir, parts, logger, one_step, *args, **kwargs):
+        real_log, rows = logger.log, []
+
+        def log(metrics: dict) -> None:
+            real_log(metrics)
+            rows.append(metrics)
+            if len(rows) == 2:  # step 1 logged, between steps: what the requeue's SystemExit interrupts
+                [lifecycle] = checkpointed
+                lifecycle.requeued_unsaved = True
+                raise SystemExit(0)
+
+        monkeypatch.setattr(logger, "log", log)
+        return real_run_steps(cfg, run_dir, parts, logger, one_step, *args, **kwargs)
+
+    monkeypatch.setattr(job, "run_steps", run_steps)
+    argv = ["run", str(TEMPLATE), "--run_root", str(tmp_path), "--algorithm.steps", "4"]
+    argv += ["--algorithm.eval_every", "0", "--checkpoint.every_steps", "0", *QUIET]
+    with caplog.at_level(logging.WARNING), pytest.raises(SystemExit):
+        main(argv)
+    [run_dir] = tmp_path.glob("grpo_tiny/*")
+    assert not list((run_dir / "checkpoints").glob("step_*")), "rank 0 saved on exit alone"
+    assert "not saved on exit: requeued at the time limit" in caplog.text

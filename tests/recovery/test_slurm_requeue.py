@@ -167,7 +167,7 @@ def test_time_limit_of_one_minute_finishes_through_signal_save_and_requeue(reque
         if "saved (requested), stopping for requeue" in line  # signal -> save -> stop, on each attempt
     ]
     saves = len(stops)
-    # an attempt still starting when the time limit came is requeued unsaved, from the last checkpoint
+    # an attempt still starting when the time limit came is requeued unsaved (from the last checkpoint, if any)
     unsaved = log.count("the time limit came before the requested save")
     requeues = element["restarts"]
     assert saves >= 1 and saves + unsaved == requeues, log[-3000:]
