@@ -37,6 +37,7 @@ PRELOAD = (
     "torch",
     "torch.distributed",
     "transformers",
+    "hpcrl.train.fusions_off",  # before megatron-core: its import compiles no fusions on CPU
     "megatron.core",
     "hpcrl.train.model",
     "hpcrl.distributed.frozen_heap",

@@ -238,6 +238,10 @@ class ElementTask(submitit.helpers.Checkpointable):
     """The callable submitit pickles for each array element: `task(config_path, run_dir)`."""
 
     def __call__(self, config_path: str, run_dir: str) -> Any:
+        """One rank of a Slurm element (a task submitit started: a fresh interpreter per rank)."""
+        from hpcrl.train.megatron_compat import fusions_off_without_cuda  # imports torch: see main
+
+        fusions_off_without_cuda()  # before the entrypoint imports megatron-core (~2.5 s of CPU a rank)
         return run_element(config_path, run_dir)
 
     def checkpoint(self, config_path: str, run_dir: str) -> submitit.helpers.DelayedSubmission:

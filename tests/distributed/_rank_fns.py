@@ -42,3 +42,11 @@ def group_timeouts(rank: int, world: int, timeout_s: float | None) -> list[float
     finally:
         dist.new_group = real
     return seen
+
+
+def megatron_fuser_names(rank: int, world_size: int) -> list[str]:
+    """What megatron-core's fusion decorators are in this rank (forked from the fork server)."""
+    from megatron.core import jit
+    from megatron.core.fusions import fused_bias_swiglu
+
+    return [jit.jit_fuser.__name__, fused_bias_swiglu.jit_fuser.__name__]

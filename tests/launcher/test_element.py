@@ -134,3 +134,21 @@ def test_a_requeue_from_the_term_handler_stays_requeued_and_a_refused_one_is_fai
     with element.scoped_environ(env.torchrun_environ()), pytest.raises(type(raised)):
         element._run_in_group(entrypoint, ExperimentConfig(), env, tmp_path, Lifecycle(), None)
     assert json.loads((tmp_path / element.LAUNCHER_STATE).read_text())["state"] == state
+
+
+def test_a_slurm_rank_imports_megatron_without_compiling_its_fusions():
+    """submitit starts each rank of a Slurm element as a fresh interpreter that calls ElementTask: on a
+    CPU node megatron-core's fusions must be off before the entrypoint imports it (~2.5 s of CPU a rank
+    spent compiling them through torch dynamo, for nothing). A fresh interpreter, the entrypoint stubbed."""
+    probe = (
+        "import hpcrl.launcher.element as element\n"
+        "element.run_element = lambda config_path, run_dir: None\n"
+        "element.ElementTask()('config.yaml', 'run')\n"
+        "from megatron.core import jit\n"
+        "import torch\n"
+        "print(jit.jit_fuser.__name__, torch.cuda.is_available())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-2000:]
+    fuser, cuda = out.stdout.split()[-2:]
+    assert fuser == ("compile" if cuda == "True" else "noop_decorator")
