@@ -27,6 +27,10 @@ def pytest_configure(config):
     for name, doc in BACKGROUND_MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {doc}")
     _one_thread_per_test_process()
+    # as every hpcrl process on CPU: megatron-core's fusions off before a test module imports it (its
+    # import would compile them through torch dynamo, ~2.5 s of CPU per pytest process, for nothing)
+    import hpcrl.train.fusions_off  # noqa: F401  (after the thread count: it imports torch)
+
     record_if_asked(config)  # HPCRL_RECORD_MODULE_SECONDS=1: tests/module_seconds.json
 
 
