@@ -51,7 +51,7 @@ optim: {{lr: 1.0e-5, micro_batch_size: 4}}
 rollout: {{engine: megatron, samples_per_prompt: 2, max_new_tokens: 3}}
 algorithm: {{name: grpo, steps: {steps}, prompts_per_step: 2, eval_every: 0}}
 data: {{source: builtin, task: copy_digits, max_prompt_length: 16, heldout_size: 4, train_size: 16}}
-checkpoint: {{every_steps: 1, dir: {ckpt}}}
+checkpoint: {{every_steps: 0, dir: {ckpt}}}  # the Ctrl-C save and the save on exit: ~2 GB each
 logging: {{tensorboard: false, progress: false, plot: false}}
 cluster: {{env: {{OMP_NUM_THREADS: "1"}}, stop_grace_s: 600}}
 """
