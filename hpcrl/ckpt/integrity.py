@@ -59,6 +59,23 @@ def write_durable(path: str | Path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
+def write_last(path: str | Path, data: bytes) -> None:
+    """Publish `path` atomically as the writer's LAST act in its directory: tmp file, fsync, fsync the
+    directory (durable: the writer's other files there and this tmp file), rename. Nothing follows the
+    rename: the reader may move the directory the moment the file appears (rank 0 commits a save, renaming
+    its tmp dir, once every rank's record is there: a rank's fsync of the directory after its rename found
+    it gone, on a loaded machine). The reader consumes the file and fsyncs the directory itself before it
+    commits, so the rename needs no fsync of its own."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    fsync_dir(path.parent)
+    os.replace(tmp, path)
+
+
 def plan_segments(
     size: int, ranges: list[tuple[int, int]], max_bytes: int = SEGMENT_BYTES
 ) -> list[tuple[int, int]]:

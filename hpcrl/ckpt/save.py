@@ -29,7 +29,7 @@ import torch.distributed as dist
 from hpcrl import __version__
 from hpcrl.ckpt.collectives import any_rank
 from hpcrl.ckpt.commit import commit, prune, prune_rejected, remove_leftovers, tmp_dir
-from hpcrl.ckpt.integrity import file_digest, fsync_dir, write_durable
+from hpcrl.ckpt.integrity import file_digest, fsync_dir, write_durable, write_last
 from hpcrl.ckpt.manifest import MANIFEST, CheckpointError, FileEntry, Manifest, rank_file
 from hpcrl.ckpt.plan import SavePlan
 from hpcrl.ckpt.rankfile import write_rank_file
@@ -82,7 +82,7 @@ def write_rank(job: SaveJob, before_record: Callable[[], None] | None = None) ->
             }
         if before_record is not None:
             before_record()
-        write_durable(stem.with_suffix(".json"), json.dumps(record).encode())
+        write_last(stem.with_suffix(".json"), json.dumps(record).encode())  # rank 0 may commit at once
     except BaseException as err:
         mark_failed(job, err)
         raise

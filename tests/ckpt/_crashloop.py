@@ -86,7 +86,7 @@ PAUSE_POINTS: dict[str, tuple[str, str]] = {
     "rank file begun": ("hpcrl.ckpt.save", "write_rank_file"),
     "rank file half written": ("hpcrl.ckpt.rankfile", "_pwrite_all"),
     "rank file not yet fsynced": ("hpcrl.ckpt.rankfile", "fsync_file"),
-    "rank record": ("hpcrl.ckpt.save", "write_durable"),
+    "rank record": ("hpcrl.ckpt.save", "write_last"),
     "manifest written": ("hpcrl.ckpt.save", "fsync_dir"),
     "commit rename": ("hpcrl.ckpt.save", "commit"),
     "renamed, latest not moved": ("hpcrl.ckpt.commit", "publish"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import random
 
@@ -222,3 +223,29 @@ def test_seed_rngs_makes_every_saved_rng_a_function_of_the_seed():
     seed_rngs(8)
     assert all(a != b for a, b in zip(draws(), first, strict=True))
     seed_rngs(10**30)  # any int seed
+
+
+@pytest.mark.parametrize("publish", ["write_last", "write_durable"])
+def test_a_rank_record_is_the_ranks_last_act_in_the_save_dir(tmp_path, monkeypatch, publish):
+    """Rank 0 commits a save (renames its tmp dir) the moment every rank's record is there, so publishing
+    a record must touch the directory no more. A loaded run: rank 1's fsync of the directory after its
+    record's rename (`write_durable`, used for records until then) found the directory gone, and the run
+    died of a save that rank 0 had committed. Here the rename itself lets 'rank 0' commit at once."""
+    from hpcrl.ckpt import integrity
+
+    save_dir = tmp_path / "step_00000004.tmp-token"
+    save_dir.mkdir()
+    real_replace = os.replace
+
+    def replace_then_commit(src, dst):
+        real_replace(src, dst)
+        real_replace(save_dir, tmp_path / "step_00000004")  # rank 0 saw the record and committed
+
+    monkeypatch.setattr(integrity.os, "replace", replace_then_commit)
+    write = getattr(integrity, publish)
+    if publish == "write_durable":  # the old way: the fsync after the rename finds the directory gone
+        with pytest.raises(FileNotFoundError):
+            write(save_dir / "rank_00001.json", b"{}")
+        return
+    write(save_dir / "rank_00001.json", b"{}")
+    assert (tmp_path / "step_00000004" / "rank_00001.json").read_bytes() == b"{}"
