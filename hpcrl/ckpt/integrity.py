@@ -50,12 +50,7 @@ def fsync_dir(path: str | Path) -> None:
 def write_durable(path: str | Path, data: bytes) -> None:
     """Write `path` atomically and durably: tmp file, fsync, rename, fsync the directory."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    os.replace(_synced_tmp(path, data), path)
     fsync_dir(path.parent)
 
 
@@ -67,13 +62,19 @@ def write_last(path: str | Path, data: bytes) -> None:
     it gone, on a loaded machine). The reader consumes the file and fsyncs the directory itself before it
     commits, so the rename needs no fsync of its own."""
     path = Path(path)
+    tmp = _synced_tmp(path, data)
+    fsync_dir(path.parent)
+    os.replace(tmp, path)
+
+
+def _synced_tmp(path: Path, data: bytes) -> Path:
+    """`data` in `<path>.tmp`, fsynced; returns that path."""
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as fh:
         fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())
-    fsync_dir(path.parent)
-    os.replace(tmp, path)
+    return tmp
 
 
 def plan_segments(
