@@ -20,6 +20,16 @@ QUIET = ("--logging.tensorboard", "false", "--logging.plot", "false", "--logging
 INTERRUPTED_STEP = 2
 
 
+def _assert_ends_unsaved_by(exception: type[BaseException], tmp_path, caplog, why: str) -> None:
+    """`hpcrl run` of 4 steps, no periodic checkpoint, ends by `exception` and committed no checkpoint."""
+    argv = ["run", str(TEMPLATE), "--run_root", str(tmp_path), "--algorithm.steps", "4"]
+    argv += ["--algorithm.eval_every", "0", "--checkpoint.every_steps", "0", *QUIET]
+    with caplog.at_level(logging.WARNING), pytest.raises(exception):
+        main(argv)
+    [run_dir] = tmp_path.glob("grpo_tiny/*")
+    assert not list((run_dir / "checkpoints").glob("step_*")), why
+
+
 @pytest.fixture
 def ctrl_c_inside_an_update(monkeypatch) -> None:
     """KeyboardInterrupt right after the first optimizer update of step INTERRUPTED_STEP has changed the
@@ -48,12 +58,7 @@ def ctrl_c_inside_an_update(monkeypatch) -> None:
 
 
 def test_an_update_interrupted_midway_is_not_saved_on_exit(ctrl_c_inside_an_update, tmp_path, caplog):
-    argv = ["run", str(TEMPLATE), "--run_root", str(tmp_path), "--algorithm.steps", "4"]
-    argv += ["--algorithm.eval_every", "0", "--checkpoint.every_steps", "0", *QUIET]
-    with caplog.at_level(logging.WARNING), pytest.raises(KeyboardInterrupt):
-        main(argv)
-    [run_dir] = tmp_path.glob("grpo_tiny/*")
-    assert not list((run_dir / "checkpoints").glob("step_*")), "a half-updated state was committed"
+    _assert_ends_unsaved_by(KeyboardInterrupt, tmp_path, caplog, "a half-updated state was committed")
     assert f"not saved on exit: step {INTERRUPTED_STEP + 1} was interrupted midway" in caplog.text
 
 
@@ -93,10 +98,5 @@ def test_a_run_requeued_from_the_term_handler_makes_no_save_on_exit(monkeypatch,
         return real_run_steps(cfg, run_dir, parts, logger, one_step, *args, **kwargs)
 
     monkeypatch.setattr(job, "run_steps", run_steps)
-    argv = ["run", str(TEMPLATE), "--run_root", str(tmp_path), "--algorithm.steps", "4"]
-    argv += ["--algorithm.eval_every", "0", "--checkpoint.every_steps", "0", *QUIET]
-    with caplog.at_level(logging.WARNING), pytest.raises(SystemExit):
-        main(argv)
-    [run_dir] = tmp_path.glob("grpo_tiny/*")
-    assert not list((run_dir / "checkpoints").glob("step_*")), "rank 0 saved on exit alone"
+    _assert_ends_unsaved_by(SystemExit, tmp_path, caplog, "rank 0 saved on exit alone")
     assert "not saved on exit: requeued at the time limit" in caplog.text
