@@ -14,12 +14,14 @@ own `return_assistant_tokens_mask` check hpcrl's assistant-only mask in the test
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
+from typing import TYPE_CHECKING
 
 from hpcrl.data.tasks import ALPHABET
 from hpcrl.errors import ConfigError, Problem
+
+if TYPE_CHECKING:  # importing transformers costs ~0.5 s of CPU: `hpcrl expand` and every rule that reads
+    # CHAT_VOCAB_SIZE would pay it (tests/cli/test_cli.py holds the line)
+    from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
 ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>", "<|tool|>")
@@ -39,6 +41,9 @@ at <eos> as a flat response does."""
 def build_char_tokenizer(alphabet: str, vocab_size: int | None = None) -> PreTrainedTokenizerFast:
     """Ids: <pad>=0, <bos>=1, <eos>=2, <unk>=3, then the alphabet's characters in order, then the role
     tokens when the vocabulary has room for them, then reserved."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
     chars = list(dict.fromkeys(alphabet))
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
     for ch in chars:

@@ -85,6 +85,22 @@ def test_a_closed_pipe_ends_quietly_like_git_log_piped_to_head(tmp_path):
     assert done.stdout.strip() == str(cli.BROKEN_PIPE_EXIT)
 
 
+@pytest.mark.parametrize(
+    "argv", [["expand", TINY], ["submit", "--dry-run", TINY], ["plan", TINY], ["--help"]], ids=lambda a: a[0]
+)
+def test_commands_that_read_configs_import_no_torch_transformers_or_megatron(argv):
+    """They answer in ~0.5 s of CPU; transformers alone is another ~0.5 s (once imported by the tiny
+    tokenizer's module for a constant every config rule reads), torch ~1.3 s, megatron-core more."""
+    child = (
+        "import sys\nfrom hpcrl.cli import main\ntry:\n    code = main(sys.argv[1:])\n"
+        "except SystemExit as end:\n    code = end.code\n"
+        "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers', 'megatron', 'h5py'})\n"
+        "print(code, heavy, file=sys.stderr)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", child, *argv], capture_output=True, text=True, cwd=REPO)
+    assert done.stderr.splitlines()[-1] == "0 []", done.stderr[-2000:]
+
+
 def test_hpcrl_sbatch_help_is_exit_0_and_no_arguments_exit_2():
     wrapper = REPO / "launch" / "hpcrl-sbatch"
     shown = subprocess.run([wrapper, "--help"], capture_output=True, text=True)

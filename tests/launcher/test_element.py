@@ -102,7 +102,7 @@ def test_unpickling_the_element_task_imports_no_torch():
     window grew ~3x and a loaded node's requeued attempt died of "User defined signal 2" (FAILED)."""
     child = (
         "import pickle, sys; pickle.loads(sys.stdin.buffer.read()); "
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'h5py', 'megatron')))"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'h5py', 'megatron', 'transformers')))"
     )
     blob = pickle.dumps(element.ElementTask())
     proc = subprocess.run([sys.executable, "-c", child], input=blob, capture_output=True, check=True)
