@@ -33,13 +33,25 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-PRELOAD = (
+RANK_MODULES = (
     "torch",
     "torch.distributed",
-    "transformers",
-    "hpcrl.train.fusions_off",  # before megatron-core: its import compiles no fusions on CPU
     "megatron.core",
+    "megatron.core.models.gpt",
+    "megatron.core.models.gpt.gpt_layer_specs",
+    "transformers",
+    "transformers.modeling_utils",
+    "transformers.models.llama.modeling_llama",
     "hpcrl.train.model",
+)
+"""What a rank of any stage imports first and slowly, so a fork server imports it once for all its ranks
+(here and hpcrl.launcher.rank_server). The transformers model modules are in it because the first rank
+to touch a model class pays for transformers' lazy module map, built by reading every model directory
+(~1 s of CPU), and then for the model code, accelerate and kernels (~3 s in all, measured per forked
+rank before they were preloaded)."""
+PRELOAD = (
+    "hpcrl.train.fusions_off",  # before megatron-core: its import compiles no fusions on CPU
+    *RANK_MODULES,
     "hpcrl.distributed.frozen_heap",
 )
 """Imported once by the fork server, in this order, before any rank is forked from it; the last one

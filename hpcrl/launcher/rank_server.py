@@ -54,6 +54,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hpcrl.distributed.spawn import RANK_MODULES
+
 if TYPE_CHECKING:
     from typing import NoReturn
 
@@ -66,20 +68,8 @@ START_ENV = "HPCRL_LOCAL_RANK_START"
 ERROR_FILE_ENV = "HPCRL_ERROR_FILE"
 """Where a rank writes its error as JSON (rank, host, pid, error) before it exits non-zero
 (hpcrl.launcher.ranks.record_error; the launcher reads it)."""
-PRELOADED = (
-    "torch",
-    "torch.distributed",
-    "megatron.core",
-    "megatron.core.models.gpt",
-    "megatron.core.models.gpt.gpt_layer_specs",
-    "transformers",
-    "transformers.modeling_utils",
-    "transformers.models.llama.modeling_llama",
-    "hpcrl.train.model",
-)
-"""Imported by the server for every entrypoint (the entrypoint's own module is imported too): what a
-rank of any stage imports first and slowly (measured: without the transformers modules each forked rank
-still imported transformers' model code, accelerate and kernels, ~3 s of CPU)."""
+PRELOADED = RANK_MODULES
+"""Imported by the server for every entrypoint (the entrypoint's own module is imported too)."""
 _PR_SET_PDEATHSIG = 1
 
 
