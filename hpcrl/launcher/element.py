@@ -226,6 +226,13 @@ def _finish(result: Any, env: DistEnv, run_dir: Path, lifecycle: Lifecycle) -> A
     return result
 
 
+REQUEUED_WHILE_STARTING = (
+    "the requeue signal came while this attempt was starting, before its handlers: requeued "
+    "(resumes from the last checkpoint, if any)"
+)
+"""What rank 0 prints when submitit's own handler requeued the attempt (ElementTask.checkpoint)."""
+
+
 def _requeue(submitit_handler: Callable, rank: int) -> None:
     """After a save-and-stop: rank 0 lets submitit checkpoint (ElementTask.checkpoint), `scontrol
     requeue` the element and exit non-zero. The other ranks simply return (a non-zero exit could make
@@ -242,12 +249,23 @@ class ElementTask(submitit.helpers.Checkpointable):
         from hpcrl.train.megatron_compat import fusions_off_without_cuda  # imports torch: see main
 
         fusions_off_without_cuda()  # before the entrypoint imports megatron-core (~2.5 s of CPU a rank)
-        return run_element(config_path, run_dir)
+        self._lifecycle = Lifecycle.for_this_process()  # read by `checkpoint`
+        return run_element(config_path, run_dir, self._lifecycle)
 
     def checkpoint(self, config_path: str, run_dir: str) -> submitit.helpers.DelayedSubmission:
-        """submitit's requeue hook, called by `_requeue` once the entrypoint saved and returned."""
+        """submitit's requeue hook: called by `_requeue` once the entrypoint saved and returned, by the
+        TERM handler when the time limit beat the requested save, or by submitit's own handler when the
+        requeue signal came before this attempt installed hpcrl's (still importing, loading its config):
+        said here, as the other two say theirs, so that every requeue in the log has its reason."""
+        lifecycle = self.__dict__.get("_lifecycle")
+        if lifecycle is None or not (lifecycle.wants_requeue or lifecycle.requeued_unsaved):
+            print(f"hpcrl: {REQUEUED_WHILE_STARTING}", file=sys.stderr, flush=True)
         _write_state(Path(run_dir), state="REQUEUED", requeue_requested=time.time())
         return submitit.helpers.DelayedSubmission(self, config_path, run_dir)
+
+    def __getstate__(self) -> dict:
+        """What the next attempt unpickles: nothing of this one (its lifecycle holds signal handlers)."""
+        return {}
 
 
 def main(argv: list[str] | None = None) -> int:

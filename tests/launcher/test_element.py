@@ -136,13 +136,34 @@ def test_a_requeue_from_the_term_handler_stays_requeued_and_a_refused_one_is_fai
     assert json.loads((tmp_path / element.LAUNCHER_STATE).read_text())["state"] == state
 
 
+@pytest.mark.parametrize("stage", ["starting", "lifecycle_made", "stopped_for_requeue", "term_handler"])
+def test_a_requeue_by_submitits_own_handler_says_the_attempt_was_starting(tmp_path, capsys, stage):
+    """submitit's handler holds USR2 until hpcrl's is installed: a time limit that comes while the attempt
+    still imports or loads its config is requeued by submitit alone (ElementTask.checkpoint), and must say
+    so as the other requeue paths say theirs; the next attempt unpickles no lifecycle of this one."""
+    from hpcrl.lifecycle import Lifecycle
+
+    task = element.ElementTask()
+    if stage != "starting":
+        task._lifecycle = Lifecycle()
+    if stage == "stopped_for_requeue":
+        task._lifecycle.stop_for_requeue()  # saved and stopped: `_requeue` calls checkpoint
+    if stage == "term_handler":
+        task._lifecycle.requeued_unsaved = True  # the TERM handler said its own line first
+    delayed = task.checkpoint("cfg.yaml", str(tmp_path))
+    said = element.REQUEUED_WHILE_STARTING in capsys.readouterr().err
+    assert said == (stage in ("starting", "lifecycle_made"))
+    assert json.loads((tmp_path / element.LAUNCHER_STATE).read_text())["state"] == "REQUEUED"
+    assert vars(pickle.loads(pickle.dumps(delayed.function))) == {}
+
+
 def test_a_slurm_rank_imports_megatron_without_compiling_its_fusions():
     """submitit starts each rank of a Slurm element as a fresh interpreter that calls ElementTask: on a
     CPU node megatron-core's fusions must be off before the entrypoint imports it (~2.5 s of CPU a rank
     spent compiling them through torch dynamo, for nothing). A fresh interpreter, the entrypoint stubbed."""
     probe = (
         "import hpcrl.launcher.element as element\n"
-        "element.run_element = lambda config_path, run_dir: None\n"
+        "element.run_element = lambda config_path, run_dir, lifecycle: None\n"
         "element.ElementTask()('config.yaml', 'run')\n"
         "from megatron.core import jit\n"
         "import torch\n"
