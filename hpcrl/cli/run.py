@@ -26,9 +26,6 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
-    from hpcrl.train.megatron_compat import fusions_off_without_cuda  # imports torch: not at `--help`
-
-    fusions_off_without_cuda()  # before anything imports megatron-core (the 1-rank run is in-process)
     with DelayedProgress() as track:
         sweep = resolve(args.template, overrides_from(args), track=track)
     if print_config_if_asked(args, sweep):
@@ -54,6 +51,10 @@ def main(args) -> int:
     cluster = element.config.cluster
     world = cluster.nodes * cluster.tasks_per_node
     if world == 1:
+        from hpcrl.train.megatron_compat import fusions_off_without_cuda  # imports torch: here only, the
+        # launcher of N ranks imports none (their rank server does)
+
+        fusions_off_without_cuda()  # before the in-process rank imports megatron-core
         # the caller's environment comes back afterwards: `hpcrl run` may be called in-process (tests,
         # notebooks), whose later sbatch calls and runs must not inherit this element's cluster.env
         lifecycle = Lifecycle.for_this_process()

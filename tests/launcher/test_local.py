@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -34,13 +36,23 @@ def test_run_one_rank_in_process_prints_run_dir_first(tmp_path, capsys):
 
 @pytest.mark.heavy
 @pytest.mark.dist
-def test_run_two_local_ranks_forms_a_group(tmp_path, capsys):
+def test_run_two_local_ranks_forms_a_group_and_the_launcher_imports_no_torch(tmp_path):
+    """`hpcrl run` of N > 1 ranks only supervises them: the rank server imports torch and megatron-core
+    for its ranks, and the launcher importing torch too cost ~1.3 s of CPU a run. A fresh interpreter."""
     template = tmp_path / "t.yaml"
     template.write_text(
         PROBE + f"run_root: {tmp_path / 'runs'}\nparallel: {{data: 2}}\ncluster: {{tasks_per_node: 2}}\n"
     )
-    assert cli.main(["run", str(template)]) == 0
-    run_dir = Path(capsys.readouterr().out.splitlines()[0].removeprefix("run dir: "))
+    child = (
+        "import sys\nfrom hpcrl.cli import main\ncode = main(sys.argv[1:])\n"
+        "print(code, sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'megatron', 'transformers'}))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", child, "run", str(template)], capture_output=True, text=True, timeout=300
+    )
+    lines = done.stdout.splitlines()
+    assert lines[-1] == "0 []", done.stdout[-2000:] + done.stderr[-2000:]
+    run_dir = Path(lines[0].removeprefix("run dir: "))
     result = json.loads((run_dir / "probe.json").read_text())
     assert result["world_size"] == 2 and result["all_reduce"] == 3.0
 
