@@ -71,6 +71,8 @@ ERROR_FILE_ENV = "HPCRL_ERROR_FILE"
 PRELOADED = RANK_MODULES
 """Imported by the server for every entrypoint (the entrypoint's own module is imported too)."""
 _PR_SET_PDEATHSIG = 1
+STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})
+"""What the launcher or `hpcrl cancel` sends the element's group to stop its ranks."""
 
 
 def end_path(ends: Path, rank: int) -> Path:
@@ -134,8 +136,10 @@ def serve(argv: list[str], rank_main: Callable[[list[str]], int], entrypoint_of:
     propagates out of this stack (the interpreter prints it and exits 1, as in a rank of its own).
     `entrypoint_of(config_path)`: the config's `module:function` (hpcrl.launcher.element's reading)."""
     args = parse(argv)
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_IGN)
+    # The group's INT and TERM are for the ranks. Held (blocked), not ignored, until the ranks exist: one
+    # that comes while the server still imports (`hpcrl cancel` right after the element started) would
+    # otherwise be lost, and the ranks forked after it would run on, never told to stop.
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     if args.start == "fork":
         preload(lambda: entrypoint_of(args.config))
         problems = fork_safety_problems()
@@ -146,6 +150,8 @@ def serve(argv: list[str], rank_main: Callable[[list[str]], int], entrypoint_of:
     pids: dict[int, int] = {}
     server = os.getpid()
     for rank in range(args.ranks):
+        if signal.sigpending() & STOP_SIGNALS:
+            break  # stopped while starting: no more ranks
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
@@ -153,8 +159,28 @@ def serve(argv: list[str], rank_main: Callable[[list[str]], int], entrypoint_of:
             _become_rank(rank, args, server, rank_main)
         pids[pid] = rank
         _write(pid_path(args.ends, rank), {"pid": pid})
+    _release_stop_signals(pids)
     _reap(pids, args.ends)
     return 0
+
+
+def _release_stop_signals(pids: dict[int, int]) -> None:
+    """After the forks: the server ignores INT and TERM from now on (its ranks take them; it reaps). One
+    that came before is not lost: with no rank forked the server dies of it, as the element would have
+    without a server; else every rank gets a TERM (a rank forked before it came has it already: a second
+    TERM changes nothing; one forked after it never got it)."""
+    came = signal.sigpending() & STOP_SIGNALS
+    if came and not pids:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # the pending signal ends this process
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)  # discards the pending ones: handled below
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    if came:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
 
 
 def _become_rank(
@@ -173,6 +199,7 @@ def _become_rank(
         torch.set_num_threads(int(threads))  # its OpenMP runtime read the server's OMP_NUM_THREADS
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # one sent since the fork arrives now
     if args.start == "exec":
         os.execv(sys.executable, [sys.executable, "-m", "hpcrl.launcher.element", args.config, args.run_dir])
     sys.argv = [sys.argv[0], args.config, args.run_dir]

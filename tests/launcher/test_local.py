@@ -107,6 +107,33 @@ def test_local_sweep_is_non_blocking_and_reports_status(tmp_path, capsys):
 
 
 @pytest.mark.dist
+def test_a_cancel_while_the_rank_server_still_imports_starts_no_rank(tmp_path, capsys):
+    """`hpcrl cancel` right after a local element started: its TERM reaches the rank server while it
+    preloads (the entrypoint's module holds it there, at a gate), before any rank exists. The server
+    ignored it, then forked ranks that nobody stopped; now it holds the signal and dies of it."""
+    gate = tmp_path / "gate"
+    template = tmp_path / "t.yaml"
+    template.write_text(
+        f"entrypoint: tests.launcher._gated_import:main\nname: early\nrun_root: {tmp_path / 'runs'}\n"
+        f"parallel: {{data: 2}}\ncluster: {{tasks_per_node: 2, env: {{HPCRL_TEST_IMPORT_GATE: '{gate}'}}}}\n"
+    )
+    sweep_dir = tmp_path / "sweep"
+    assert cli.main(["submit", str(template), "--sweep_dir", str(sweep_dir)]) == 0
+    importing = Path(f"{gate}.importing")
+    wait_until(importing.exists, 120, "the rank server preloading the entrypoint")
+    pgid = local.read_state(sweep_dir, 0)["pgid"]
+    assert int(importing.read_text()) == pgid  # the server itself, before any fork
+    assert cli.main(["cancel", str(sweep_dir)]) == 0
+    gate.touch()
+    wait_until(lambda: not local.pid_alive(pgid), 120, "the rank server gone")
+    [run_dir] = [p.parent for p in (tmp_path / "runs").glob("*/*/config.yaml")]
+    assert not list(run_dir.glob("ran_*"))  # no rank ran
+    capsys.readouterr()
+    assert cli.main(["status", str(sweep_dir), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["counts"] == {"CANCELLED": 1}
+
+
+@pytest.mark.dist
 def test_local_cancel_stops_running_and_pending_elements(tmp_path, capsys):
     template = tmp_path / "t.yaml"
     template.write_text(
