@@ -192,6 +192,13 @@ def _submitit_handler() -> Callable[..., Any] | None:
     return handler if isinstance(getattr(handler, "__self__", None), SignalHandler) else None
 
 
+def requeues_left() -> int | None:
+    """The requeues submitit has left for this process (< 0: it refuses the next one); None when submitit
+    does not hold the requeue signal here (not under submitit, or hpcrl's handlers hold it)."""
+    handler = _submitit_handler()
+    return None if handler is None else _requeues_left(handler)
+
+
 def _requeues_left(submitit_handler: Callable[..., Any]) -> int:
     """What submitit's handler would compute (its `max_num_timeout` countdown): < 0 = it will refuse to
     requeue. Reads submitit 1.5's private fields; unknown -> assume a requeue is possible."""

@@ -61,7 +61,7 @@ from hpcrl.experiment.stage_kinds import entrypoint_of
 from hpcrl.launcher.rank_server import serve
 from hpcrl.launcher.ranks import CONFIG_ERROR_EXIT, RankEnd, record_error
 from hpcrl.launcher.runlock import RunLocked, lock_targets, writer_lock
-from hpcrl.lifecycle import REQUEUE_SIGNAL, Lifecycle
+from hpcrl.lifecycle import REQUEUE_SIGNAL, Lifecycle, requeues_left
 
 if TYPE_CHECKING:
     from hpcrl.distributed.env import DistEnv
@@ -231,6 +231,11 @@ REQUEUED_WHILE_STARTING = (
     "(resumes from the last checkpoint, if any)"
 )
 """What rank 0 prints when submitit's own handler requeued the attempt (ElementTask.checkpoint)."""
+ENDED_WHILE_STARTING = (
+    "the requeue signal came while this attempt was starting, before its handlers, and no requeue is "
+    "left (max_num_timeout): the element ends"
+)
+"""What rank 0 prints, and launcher.json records, when submitit then refuses that requeue."""
 
 
 def _requeue(submitit_handler: Callable, rank: int) -> None:
@@ -259,6 +264,11 @@ class ElementTask(submitit.helpers.Checkpointable):
         said here, as the other two say theirs, so that every requeue in the log has its reason."""
         lifecycle = self.__dict__.get("_lifecycle")
         if lifecycle is None or not (lifecycle.wants_requeue or lifecycle.requeued_unsaved):
+            left = requeues_left()
+            if left is not None and left < 0:  # submitit refuses right after this returns: the job ends
+                print(f"hpcrl: {ENDED_WHILE_STARTING}", file=sys.stderr, flush=True)
+                _write_state(Path(run_dir), state="FAILED", error=ENDED_WHILE_STARTING)
+                return submitit.helpers.DelayedSubmission(self, config_path, run_dir)
             print(f"hpcrl: {REQUEUED_WHILE_STARTING}", file=sys.stderr, flush=True)
         _write_state(Path(run_dir), state="REQUEUED", requeue_requested=time.time())
         return submitit.helpers.DelayedSubmission(self, config_path, run_dir)

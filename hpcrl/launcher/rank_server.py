@@ -159,17 +159,19 @@ def serve(argv: list[str], rank_main: Callable[[list[str]], int], entrypoint_of:
             _become_rank(rank, args, server, rank_main)
         pids[pid] = rank
         _write(pid_path(args.ends, rank), {"pid": pid})
-    _release_stop_signals(pids)
+    _release_stop_signals(pids, args)
     _reap(pids, args.ends)
     return 0
 
 
-def _release_stop_signals(pids: dict[int, int]) -> None:
+def _release_stop_signals(pids: dict[int, int], args: argparse.Namespace) -> None:
     """After the forks: the server ignores INT and TERM from now on (its ranks take them; it reaps). One
     that came before is not lost: with no rank forked the server dies of it, as the element would have
-    without a server; else every rank gets a TERM (a rank forked before it came has it already: a second
-    TERM changes nothing; one forked after it never got it)."""
-    came = signal.sigpending() & STOP_SIGNALS
+    without a server. Else only the last rank forked can have missed it (the check before each fork
+    stopped the others: a signal pending there forked no more ranks), so that rank gets it again (a
+    duplicate only if it came in the instant after that fork), and each rank never forked ends as
+    killed by it, for the launcher to read."""
+    came = sorted(signal.sigpending() & STOP_SIGNALS)
     if came and not pids:
         for sig in STOP_SIGNALS:
             signal.signal(sig, signal.SIG_DFL)
@@ -177,10 +179,14 @@ def _release_stop_signals(pids: dict[int, int]) -> None:
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)  # discards the pending ones: handled below
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
-    if came:
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
+    if not came:
+        return
+    last = max(pids, key=pids.__getitem__)
+    for sig in came:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(last, sig)
+    for rank in range(len(pids), args.ranks):
+        _write(end_path(args.ends, rank), {"pid": os.getpid(), "returncode": -came[-1]})
 
 
 def _become_rank(

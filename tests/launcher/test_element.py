@@ -157,6 +157,18 @@ def test_a_requeue_by_submitits_own_handler_says_the_attempt_was_starting(tmp_pa
     assert vars(pickle.loads(pickle.dumps(delayed.function))) == {}
 
 
+def test_a_requeue_submitit_refuses_while_the_attempt_starts_ends_the_element_failed(
+    tmp_path, capsys, monkeypatch
+):
+    """submitit calls checkpoint before it checks its requeue countdown: with none left it then refuses,
+    the job ends, and launcher.json must say FAILED, not REQUEUED."""
+    monkeypatch.setattr(element, "requeues_left", lambda: -1)
+    element.ElementTask().checkpoint("cfg.yaml", str(tmp_path))
+    assert element.ENDED_WHILE_STARTING in capsys.readouterr().err
+    state = json.loads((tmp_path / element.LAUNCHER_STATE).read_text())
+    assert state["state"] == "FAILED" and state["error"] == element.ENDED_WHILE_STARTING
+
+
 def test_a_slurm_rank_imports_megatron_without_compiling_its_fusions():
     """submitit starts each rank of a Slurm element as a fresh interpreter that calls ElementTask: on a
     CPU node megatron-core's fusions must be off before the entrypoint imports it (~2.5 s of CPU a rank

@@ -122,3 +122,30 @@ def test_ranks_are_children_of_the_server_which_leads_their_group(tmp_path, caps
     for rank in range(3):  # a forked rank skips interpreter teardown, not what exit owes its code
         assert (run_dir / f"rank_{rank}.atexit").read_text() == "ran"
         assert (run_dir / f"rank_{rank}.thread").read_text() == "joined"
+
+
+def test_a_stop_signal_that_came_while_forking_reaches_the_last_rank_and_ends_the_unforked_ones(tmp_path):
+    """The server holds INT and TERM (blocked) until its ranks exist and checks before each fork: a
+    signal pending there forks no more ranks. Only the last rank forked can have missed it (it came
+    between that check and that fork): it gets the signal itself (an INT stays an INT: a rank saves on
+    it), and each rank never forked is recorded as ended by it. A fresh interpreter: signal masks."""
+    seen = _in_fresh_python(
+        "import argparse, json, os, signal, time\n"
+        "from pathlib import Path\n"
+        "from hpcrl.launcher import rank_server as r\n"
+        "signal.pthread_sigmask(signal.SIG_BLOCK, r.STOP_SIGNALS)\n"
+        "server = os.getpid()\n"
+        "pid = os.fork()\n"
+        "if pid == 0:  # rank 0: waits to be stopped, or for the server's end (a failing test)\n"
+        "    signal.signal(signal.SIGINT, signal.SIG_DFL)\n"
+        "    signal.pthread_sigmask(signal.SIG_UNBLOCK, r.STOP_SIGNALS)\n"
+        "    while os.getppid() == server: time.sleep(0.05)\n"
+        "    os._exit(0)\n"
+        "os.kill(os.getpid(), signal.SIGINT)  # came after rank 0's fork, pending in the server only\n"
+        f"ends = Path({str(tmp_path)!r})\n"
+        "r._release_stop_signals({pid: 0}, argparse.Namespace(ranks=3, ends=ends))\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "print(json.dumps({'rank0': -os.WTERMSIG(status), 'unforked': [r.read_record(r.end_path(ends, k))\n"
+        "    ['returncode'] for k in (1, 2)], 'ignored': signal.getsignal(signal.SIGTERM) == signal.SIG_IGN}))\n"
+    )
+    assert seen == {"rank0": -2, "unforked": [-2, -2], "ignored": True}
