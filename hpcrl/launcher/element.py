@@ -262,15 +262,15 @@ class ElementTask(submitit.helpers.Checkpointable):
         TERM handler when the time limit beat the requested save, or by submitit's own handler when the
         requeue signal came before this attempt installed hpcrl's (still importing, loading its config):
         said here, as the other two say theirs, so that every requeue in the log has its reason."""
+        state: dict[str, Any] = {"state": "REQUEUED", "requeue_requested": time.time()}
         lifecycle = self.__dict__.get("_lifecycle")
         if lifecycle is None or not (lifecycle.wants_requeue or lifecycle.requeued_unsaved):
-            left = requeues_left()
-            if left is not None and left < 0:  # submitit refuses right after this returns: the job ends
-                print(f"hpcrl: {ENDED_WHILE_STARTING}", file=sys.stderr, flush=True)
-                _write_state(Path(run_dir), state="FAILED", error=ENDED_WHILE_STARTING)
-                return submitit.helpers.DelayedSubmission(self, config_path, run_dir)
-            print(f"hpcrl: {REQUEUED_WHILE_STARTING}", file=sys.stderr, flush=True)
-        _write_state(Path(run_dir), state="REQUEUED", requeue_requested=time.time())
+            refused = (requeues_left() or 0) < 0  # submitit refuses right after this returns: the job ends
+            said = ENDED_WHILE_STARTING if refused else REQUEUED_WHILE_STARTING
+            print(f"hpcrl: {said}", file=sys.stderr, flush=True)
+            if refused:
+                state = {"state": "FAILED", "error": said}
+        _write_state(Path(run_dir), **state)
         return submitit.helpers.DelayedSubmission(self, config_path, run_dir)
 
     def __getstate__(self) -> dict:

@@ -68,8 +68,6 @@ START_ENV = "HPCRL_LOCAL_RANK_START"
 ERROR_FILE_ENV = "HPCRL_ERROR_FILE"
 """Where a rank writes its error as JSON (rank, host, pid, error) before it exits non-zero
 (hpcrl.launcher.ranks.record_error; the launcher reads it)."""
-PRELOADED = RANK_MODULES
-"""Imported by the server for every entrypoint (the entrypoint's own module is imported too)."""
 _PR_SET_PDEATHSIG = 1
 STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})
 """What the launcher or `hpcrl cancel` sends the element's group to stop its ranks."""
@@ -95,13 +93,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def preload(entrypoint: Callable[[], str] | None = None) -> list[str]:
-    """Import what every rank would import first: `PRELOADED` and the module of `entrypoint()` (the
+    """Import what every rank would import first: `RANK_MODULES` and the module of `entrypoint()` (the
     config's `module:function`). A config or module that fails to load is skipped: each rank then fails
     on it and reports it, as without the server. Returns the modules imported."""
     from hpcrl.train.megatron_compat import fusions_off_without_cuda  # imports torch: the server only
 
     fusions_off_without_cuda()
-    names = list(PRELOADED)
+    names = list(RANK_MODULES)
     if entrypoint is not None:
         with contextlib.suppress(Exception):  # the ranks report it, naming file and key
             names.append(entrypoint().partition(":")[0])

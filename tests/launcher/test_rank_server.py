@@ -41,7 +41,7 @@ def test_after_its_imports_the_server_has_no_cuda_and_one_python_thread():
         "print(json.dumps({'loaded': loaded, 'cuda': torch.cuda.is_initialized(),\n"
         "  'threads': threading.active_count(), 'problems': r.fork_safety_problems()}))\n"
     )
-    assert seen == {"loaded": list(rank_server.PRELOADED), "cuda": False, "threads": 1, "problems": []}
+    assert seen == {"loaded": list(rank_server.RANK_MODULES), "cuda": False, "threads": 1, "problems": []}
 
 
 @pytest.mark.parametrize(
