@@ -16,7 +16,9 @@
 A Slurm *batch script* (no `srun` step) is a single process even though SLURM_NTASKS says how many
 tasks the allocation has: ranks only exist once srun starts them.
 
-`init_process_group(env)` then forms the default torch.distributed group (gloo on CPU, nccl on CUDA).
+`init_process_group(env)` then forms the default torch.distributed group (gloo on CPU, nccl on CUDA)
+at the TCP store `rendezvous_store(env)` opens: rank 0 hosts it on master_port, on the listening socket
+its launcher bound when there is one (STORE_FD_ENV), or torchrun's agent hosts it (AGENT_STORE_ENV).
 """
 
 from __future__ import annotations
@@ -45,6 +47,14 @@ PORT_SPAN = 10000
 """Size of that range: jobs whose ids differ by less than this never share a port."""
 DEFAULT_TORCH_PORT = 29500
 """torch's own default MASTER_PORT, used when a torchrun-style or single process names none."""
+STORE_FD_ENV = "HPCRL_STORE_FD"
+"""Rank 0's inherited listening socket (a file descriptor) to host the TCP store on. A launcher on one
+host binds it before any rank exists (hpcrl.launcher.rank_server, hpcrl.distributed.spawn): a port that
+one process finds free and another binds seconds later can be taken in between by any socket the kernel
+gives an ephemeral port, such as another job's gloo pair (EADDRINUSE in a loaded CI run of 2fc79dc)."""
+AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
+"""torchrun sets it to "True" when its agent already hosts the store on MASTER_PORT: every rank is a
+client (torch.distributed.rendezvous reads it the same way)."""
 
 Source = Literal["slurm", "torchrun", "single"]
 Hostnames = Callable[[str], list[str]]
@@ -75,6 +85,11 @@ class DistEnv:
     """Number of ranks on this node."""
     source: Source = "single"
     """Which launcher's environment this was read from."""
+    store_fd: int | None = None
+    """Rank 0 only: the listening socket on master_port that its launcher bound (STORE_FD_ENV); None:
+    rank 0 binds master_port itself."""
+    agent_store: bool = False
+    """torchrun's agent hosts the store on master_port (AGENT_STORE_ENV): no rank hosts one."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -90,6 +105,14 @@ class DistEnv:
             )
         if not 0 < self.master_port < 65536:
             problems.append(Problem(f"master_port {self.master_port} is not a TCP port", key="master_port"))
+        if self.store_fd is not None and (self.rank != 0 or self.agent_store or self.store_fd < 0):
+            problems.append(
+                Problem(
+                    f"{self.store_fd} is rank 0's own store socket, but this is rank {self.rank}"
+                    + (" and torchrun's agent hosts the store" if self.agent_store else ""),
+                    key=STORE_FD_ENV,
+                )
+            )
         if problems:
             raise ConfigError(
                 [Problem(p.message, file=f"{self.source} environment", key=p.key) for p in problems]
@@ -221,6 +244,8 @@ def _from_torchrun(environ: Mapping[str, str]) -> DistEnv:
         job_id=environ.get("SLURM_JOB_ID"),
         local_world_size=_int(environ, "LOCAL_WORLD_SIZE", "torchrun", max(world_size, local_rank + 1)),
         source="torchrun",
+        store_fd=_int(environ, STORE_FD_ENV, "torchrun") if STORE_FD_ENV in environ else None,
+        agent_store=environ.get(AGENT_STORE_ENV) == "True",
     )
 
 
@@ -361,15 +386,45 @@ def init_process_group(
     if env.world_size == 1:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
     else:
+        store = rendezvous_store(env, timeout)
         dist.init_process_group(
-            backend,
-            init_method=f"tcp://{_url_host(env.master_addr)}:{env.master_port}",
-            rank=env.rank,
-            world_size=env.world_size,
-            timeout=timeout,
+            backend, store=store, rank=env.rank, world_size=env.world_size, timeout=timeout
         )
     return dist.group.WORLD
 
 
-def _url_host(addr: str) -> str:
-    return f"[{addr}]" if ":" in addr and not addr.startswith("[") else addr
+def rendezvous_store(env: DistEnv, timeout: timedelta) -> torch.distributed.Store:
+    """The TCP store where the ranks of `env` meet (torch.distributed.rendezvous's tcp:// store, with
+    the launcher's socket): rank 0 hosts it on master_port, on its inherited listening socket when
+    `env.store_fd` (STORE_FD_ENV: no other process could take the port), else by binding the port; with
+    torchrun's agent store every rank is a client. Rank 0 waits until every rank has connected."""
+    import torch.distributed as dist
+
+    hosts = env.rank == 0 and not env.agent_store
+    if env.store_fd is not None:
+        _check_store_socket(env)
+    return dist.TCPStore(
+        env.master_addr,
+        env.master_port,
+        env.world_size,
+        is_master=hosts,
+        timeout=timeout,
+        multi_tenant=hosts and env.store_fd is None,  # as torch's own: another store in this process
+        master_listen_fd=env.store_fd,
+    )
+
+
+def _check_store_socket(env: DistEnv) -> None:
+    """`env.store_fd` must be a socket listening on master_port: a number that leaked into the
+    environment of another process names some other file there, or none."""
+    try:
+        with socket.socket(fileno=os.dup(env.store_fd)) as sock:
+            listening = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+            port = sock.getsockname()[1] if sock.family in (socket.AF_INET, socket.AF_INET6) else None
+    except OSError as err:
+        reason = f"is not an open socket here ({err.strerror})"
+    else:
+        if listening and port == env.master_port:
+            return
+        reason = f"is not a socket listening on MASTER_PORT {env.master_port}"
+    raise ConfigError(Problem(f"{env.store_fd} {reason}", file=f"{env.source} environment", key=STORE_FD_ENV))

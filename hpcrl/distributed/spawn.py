@@ -19,18 +19,11 @@ import queue
 import socket
 import traceback
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 
 class RankFailed(RuntimeError):
     """A rank raised; the message holds its traceback."""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 RANK_MODULES = (
@@ -68,6 +61,7 @@ def _rank_main(
     fn: Callable[..., Any],
     rank: int,
     world_size: int,
+    store: socket.socket | None,
     port: int,
     backend: str,
     timeout_s: float,
@@ -78,24 +72,26 @@ def _rank_main(
     import torch
     import torch.distributed as dist
 
+    from hpcrl.distributed.env import DistEnv, init_process_group
+
     os.environ.clear()
     os.environ.update(environ)
     torch.set_num_threads(1)
-    os.environ.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(world_size),
-        LOCAL_RANK=str(rank),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
+    env = DistEnv(
+        rank=rank,
+        world_size=world_size,
+        local_rank=rank,
+        node_rank=0,
+        master_addr="127.0.0.1",
+        master_port=port,
+        node_name=socket.gethostname(),
+        local_world_size=world_size,
+        source="torchrun",
+        store_fd=None if store is None else store.detach(),  # torch's store owns it from here
     )
+    os.environ.update(env.torchrun_environ())
     try:
-        dist.init_process_group(
-            backend,
-            init_method=f"tcp://127.0.0.1:{port}",
-            rank=rank,
-            world_size=world_size,
-            timeout=timedelta(seconds=timeout_s),
-        )
+        init_process_group(env, backend, timeout_s)
         # every rank has its gloo mesh before any can tear it down: a rank whose fn returned at once
         # destroyed the group while a slower peer was still in connectFullMesh ("Connection closed by
         # peer"), which then failed in place of the rank that really failed (a loaded clean-clone run)
@@ -124,18 +120,21 @@ def run_ranks(
     """
     ctx = _context()
     results = ctx.Queue()
-    port = free_port()
     environ = dict(os.environ)
-    procs = [
-        ctx.Process(
-            target=_rank_main,
-            args=(fn, rank, world_size, port, backend, collective_timeout_s, args, results, environ),
-            daemon=False,
-        )
-        for rank in range(world_size)
-    ]
-    for proc in procs:
-        proc.start()
+    # bound here, hosted by rank 0 (hpcrl.distributed.env.STORE_FD_ENV): the port is never free between
+    with socket.create_server(("127.0.0.1", 0), backlog=max(128, world_size)) as store:
+        port = store.getsockname()[1]
+        procs = [
+            ctx.Process(
+                target=_rank_main,
+                args=(fn, rank, world_size, store if rank == 0 else None, port, backend)
+                + (collective_timeout_s, args, results, environ),
+                daemon=False,
+            )
+            for rank in range(world_size)
+        ]
+        for proc in procs:
+            proc.start()  # the fork server holds its own copy of the socket for rank 0 once this returns
     collected: dict[int, Any] = {}
     failures: dict[int, str] = {}
     try:

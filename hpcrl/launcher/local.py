@@ -1,7 +1,8 @@
 """The `local` executor: run elements on this machine, no Slurm needed.
 
 An element of W = nodes * tasks_per_node ranks runs as W local processes with torchrun-style
-variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1, a free MASTER_PORT), supervised as one
+variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1, and a MASTER_PORT that the rank server
+binds before any rank exists and rank 0 hosts the store on: hpcrl.launcher.rank_server), supervised as one
 job (hpcrl.launcher.ranks: stops forwarded, ranks die with their launcher, a dead rank is named); a
 1-rank element of `hpcrl run` runs in-process. `submit` with this executor starts a detached sweep runner
 (`python -m hpcrl.launcher.local SWEEP_DIR INDEX...`) and returns at once; the runner runs up to

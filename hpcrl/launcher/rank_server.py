@@ -6,11 +6,16 @@ rank on 2 cores), so 8 local ranks took 4.4x as long to start as one. A rank for
 has imported them starts in milliseconds (benchmarks/startup.py measures both).
 
 Run by hpcrl.launcher.ranks.start_ranks as `python -m hpcrl.launcher.element CONFIG RUN_DIR --ranks W
---port P --ends DIR`: the server leads the element's process group (so `hpcrl cancel`'s ownership check,
+--ends DIR`: the server leads the element's process group (so `hpcrl cancel`'s ownership check,
 hpcrl.launcher.local.runs_element, still reads the element's own command line), ignores SIGINT and SIGTERM
 (they reach every rank through the group; the server must outlive its ranks to report how they ended) and
 dies with its launcher (PR_SET_PDEATHSIG, set by the launcher); each rank dies with the server the same
 way, so a killed launcher still takes every rank with it.
+
+The rendezvous port: the server binds and listens on 127.0.0.1:0 before anything else, and rank 0
+hosts the TCP store on that very socket (STORE_FD_ENV): no other process can take the port between its
+choice and rank 0's store (a port found free by the launcher and bound by rank 0 seconds later, after
+the imports, was taken in between by another job's gloo socket in a loaded CI run).
 
 Fork safety: before forking the server runs no torch op and initialises no CUDA (importing torch does
 neither; `fork_safety_problems` checks it) and has one Python thread, so a rank inherits no thread pool,
@@ -48,12 +53,14 @@ import importlib
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hpcrl.distributed.env import AGENT_STORE_ENV, STORE_FD_ENV
 from hpcrl.distributed.spawn import RANK_MODULES
 
 if TYPE_CHECKING:
@@ -86,7 +93,6 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("config")
     parser.add_argument("run_dir")
     parser.add_argument("--ranks", type=int, required=True)
-    parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--ends", type=Path, required=True)
     parser.add_argument("--start", choices=START_MODES, default="fork")
     return parser.parse_args(argv)
@@ -138,6 +144,7 @@ def serve(argv: list[str], rank_main: Callable[[list[str]], int], entrypoint_of:
     # that comes while the server still imports (`hpcrl cancel` right after the element started) would
     # otherwise be lost, and the ranks forked after it would run on, never told to stop.
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    store_socket = socket.create_server(("127.0.0.1", 0), backlog=max(128, args.ranks))
     if args.start == "fork":
         preload(lambda: entrypoint_of(args.config))
         problems = fork_safety_problems()
@@ -154,9 +161,10 @@ def serve(argv: list[str], rank_main: Callable[[list[str]], int], entrypoint_of:
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:  # never returns: the rank exits, or its exception leaves through this stack
-            _become_rank(rank, args, server, rank_main)
+            _become_rank(rank, args, server, store_socket, rank_main)
         pids[pid] = rank
         _write(pid_path(args.ends, rank), {"pid": pid})
+    store_socket.close()  # rank 0 has it: a client must not wait on a queue that rank 0 never reads
     _release_stop_signals(pids, args)
     _reap(pids, args.ends)
     return 0
@@ -188,14 +196,26 @@ def _release_stop_signals(pids: dict[int, int], args: argparse.Namespace) -> Non
 
 
 def _become_rank(
-    rank: int, args: argparse.Namespace, server: int, rank_main: Callable[[list[str]], int]
+    rank: int,
+    args: argparse.Namespace,
+    server: int,
+    store_socket: socket.socket,
+    rank_main: Callable[[list[str]], int],
 ) -> NoReturn:
     """In the forked child: die with the server, take the rank's environment and default signal
-    dispositions, run the rank."""
+    dispositions, run the rank. Rank 0 owns the store's socket from here (torch's store takes its file
+    descriptor; exec keeps it open), the others close it."""
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != server:  # the server died before the prctl: nobody will tell us
         os.kill(os.getpid(), signal.SIGKILL)
-    env = rank_environ(rank, args.ranks, args.port, args.ends / f"{rank}.json")
+    port = store_socket.getsockname()[1]
+    if rank == 0:
+        store_fd = store_socket.detach()
+        os.set_inheritable(store_fd, True)
+    else:
+        store_fd = None
+        store_socket.close()
+    env = rank_environ(rank, args.ranks, port, args.ends / f"{rank}.json", store_fd)
     os.environ.clear()
     os.environ.update(env)
     torch, threads = sys.modules.get("torch"), env["OMP_NUM_THREADS"]
@@ -224,15 +244,18 @@ def exit_rank(code: int) -> NoReturn:
     os._exit(code)
 
 
-def rank_environ(rank: int, world: int, port: int, error_file: Path) -> dict[str, str]:
+def rank_environ(
+    rank: int, world: int, port: int, error_file: Path, store_fd: int | None = None
+) -> dict[str, str]:
     """This process's environment as rank `rank` of `world` sees it: torchrun-style variables, no
-    Slurm step of the launcher's own, where to record its error, and OMP_NUM_THREADS unless the caller
-    or `cluster.env` set it: this process's CPUs shared among the ranks (torchrun defaults it to 1 for
-    the same reason: W ranks each running one OpenMP thread per core spin against each other)."""
+    Slurm step or torchrun agent of the launcher's own, rank 0's store socket `store_fd` when given,
+    where to record its error, and OMP_NUM_THREADS unless the caller or `cluster.env` set it: this
+    process's CPUs shared among the ranks (torchrun defaults it to 1 for the same reason: W ranks each
+    running one OpenMP thread per core spin against each other)."""
     env = {
         k: v
         for k, v in os.environ.items()
-        if k not in ("SLURM_PROCID", "SLURM_STEP_ID", "TORCHELASTIC_RUN_ID")
+        if k not in ("SLURM_PROCID", "SLURM_STEP_ID", "TORCHELASTIC_RUN_ID", AGENT_STORE_ENV, STORE_FD_ENV)
     }
     env.update(
         RANK=str(rank),
@@ -243,6 +266,8 @@ def rank_environ(rank: int, world: int, port: int, error_file: Path) -> dict[str
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
     )
+    if store_fd is not None:
+        env[STORE_FD_ENV] = str(store_fd)
     env[ERROR_FILE_ENV] = str(error_file)
     env.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // world)))
     return env

@@ -41,7 +41,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from hpcrl.distributed.spawn import free_port
 from hpcrl.launcher.rank_server import ERROR_FILE_ENV, START_ENV, end_path, pid_path, read_record
 
 CONFIG_ERROR_EXIT = 2
@@ -188,10 +187,9 @@ def start_ranks(
     RUN_DIR --ranks W ...`, hpcrl.launcher.rank_server) imports torch and the entrypoint once and forks
     them."""
 
-    port = free_port()
     error_dir = Path(tempfile.mkdtemp(prefix="hpcrl-ranks-"))
     argv = [sys.executable, "-m", "hpcrl.launcher.element", config_path, run_dir]
-    argv += ["--ranks", str(world), "--port", str(port), "--ends", str(error_dir)]
+    argv += ["--ranks", str(world), "--ends", str(error_dir)]
     argv += ["--start", os.environ.get(START_ENV) or "fork"]
     server = subprocess.Popen(
         argv,

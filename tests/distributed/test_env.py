@@ -4,27 +4,31 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+from datetime import timedelta
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from hpcrl.distributed.env import (
+    AGENT_STORE_ENV,
     PORT_BASE,
     PORT_SPAN,
+    STORE_FD_ENV,
     DistEnv,
     init_process_group,
     parse_node_addr,
     parse_tasks_per_node,
     port_for_job,
+    rendezvous_store,
     resolve_backend,
     scontrol_hostnames,
     scontrol_node_addr,
     tasks_on_node,
 )
-from hpcrl.distributed.spawn import free_port
 from hpcrl.errors import ConfigError
 from tests.slurm.cluster import REPO_ROOT
 
@@ -155,26 +159,30 @@ def test_single_process_group_needs_no_port():
 
 @pytest.mark.heavy
 @pytest.mark.dist
-def test_two_torchrun_style_processes_form_a_group():
-    port = str(free_port())
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "tests.slurm.allreduce_rank"],
-            cwd=REPO_ROOT,
-            env={
-                **_without_launcher_vars(os.environ),
-                "RANK": str(rank),
-                "WORLD_SIZE": "2",
-                "LOCAL_RANK": str(rank),
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": port,
-            },
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank in range(2)
-    ]
+def test_two_torchrun_style_processes_form_a_group_at_the_store_rank_0_hosts_on_its_inherited_socket():
+    """The launcher binds the port and rank 0 hosts the store on that socket (STORE_FD_ENV): the port is
+    never free for another process to take, as a port found free and bound later by rank 0 was."""
+    with socket.create_server(("127.0.0.1", 0)) as store:
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "tests.slurm.allreduce_rank"],
+                cwd=REPO_ROOT,
+                env={
+                    **_without_launcher_vars(os.environ),
+                    "RANK": str(rank),
+                    "WORLD_SIZE": "2",
+                    "LOCAL_RANK": str(rank),
+                    "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": str(store.getsockname()[1]),
+                    **({STORE_FD_ENV: str(store.fileno())} if rank == 0 else {}),
+                },
+                pass_fds=(store.fileno(),) if rank == 0 else (),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for rank in range(2)
+        ]
     records = []
     for proc in procs:
         out, err = proc.communicate(timeout=120)
@@ -191,6 +199,45 @@ def test_two_torchrun_style_processes_form_a_group():
 def test_scontrol_expands_nodelists_and_resolves_fake_nodes(slurm_cluster):
     assert scontrol_hostnames("node[1-3],node4") == ["node1", "node2", "node3", "node4"]
     assert scontrol_node_addr("node2") == "127.0.0.1"  # the dev cluster's fake nodes live on loopback
+
+
+TORCHRUN_RANK_0 = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29400"}
+
+
+def test_the_store_socket_and_torchruns_agent_store_are_read_from_the_environment():
+    assert DistEnv.from_environ({**TORCHRUN_RANK_0, STORE_FD_ENV: "7"}).store_fd == 7
+    assert DistEnv.from_environ(TORCHRUN_RANK_0).store_fd is None
+    assert DistEnv.from_environ({**TORCHRUN_RANK_0, AGENT_STORE_ENV: "True"}).agent_store
+    assert not DistEnv.from_environ({**TORCHRUN_RANK_0, AGENT_STORE_ENV: "False"}).agent_store
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({STORE_FD_ENV: "x\n"}, f"torchrun environment:{STORE_FD_ENV}: must be an integer"),
+        ({STORE_FD_ENV: "-1"}, "-1 is rank 0's own store socket"),
+        ({STORE_FD_ENV: "7", "RANK": "1"}, "7 is rank 0's own store socket, but this is rank 1"),
+        ({STORE_FD_ENV: "7", AGENT_STORE_ENV: "True"}, "torchrun's agent hosts the store"),
+    ],
+)
+def test_a_store_socket_where_none_can_be_is_a_config_error(extra, message):
+    with pytest.raises(ConfigError, match=message):
+        DistEnv.from_environ({**TORCHRUN_RANK_0, **extra})
+
+
+def test_a_store_socket_number_that_names_no_listening_socket_on_the_port_is_refused(tmp_path):
+    """A number leaked into another process's environment names some other file there, or none: refused
+    before torch is handed it."""
+    timeout = timedelta(seconds=5)
+    with open(tmp_path / "f", "w") as file, socket.create_server(("127.0.0.1", 0)) as other:
+        for fd, reason in [
+            (file.fileno(), "is not an open socket here"),
+            (other.fileno(), "is not a socket listening on MASTER_PORT 29400"),
+            (1 << 20, "is not an open socket here"),
+        ]:
+            env = DistEnv.from_environ({**TORCHRUN_RANK_0, STORE_FD_ENV: str(fd)})
+            with pytest.raises(ConfigError, match=f"{STORE_FD_ENV}: {fd} {reason}"):
+                rendezvous_store(env, timeout)
 
 
 def _without_launcher_vars(environ) -> dict[str, str]:

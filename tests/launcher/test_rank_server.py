@@ -98,7 +98,8 @@ def test_ranks_are_children_of_the_server_which_leads_their_group(tmp_path, caps
     """fork (the default): each rank is the server's image (its command line, megatron-core already
     imported); exec (the baseline, HPCRL_LOCAL_RANK_START=exec): a fresh interpreter per rank. Either
     way the server is every rank's parent and process-group leader, and each rank has its own
-    torchrun-style environment."""
+    torchrun-style environment. Rank 0 alone holds the socket the server bound on MASTER_PORT, to host
+    the store on (HPCRL_STORE_FD): the port was never free for another process to take."""
     monkeypatch.setenv(START_ENV, mode)
     monkeypatch.delenv("OMP_NUM_THREADS")  # the server's torch then runs one thread per CPU
     assert cli.main(["run", str(_template(tmp_path, 3))]) == 0
@@ -109,6 +110,9 @@ def test_ranks_are_children_of_the_server_which_leads_their_group(tmp_path, caps
     assert len({r["pid"] for r in reports}) == 3
     assert [r["rank_env"][:3] for r in reports] == [[str(k), "3", str(k)] for k in range(3)]
     assert len({r["rank_env"][3] for r in reports}) == 1  # one MASTER_PORT
+    store_fd = reports[0]["store_fd"]
+    assert [r["listening_on_master_port"] for r in reports] == [[int(store_fd)], [], []]
+    assert [r["store_fd"] for r in reports[1:]] == [None, None]
     forked = mode == "fork"
     for report in reports:
         element_argv = report["cmdline"][1:5]
