@@ -1,10 +1,10 @@
 """A Slurm batch job for test_deadline_save: steps of STEP_S seconds under `--time=1` and NO warning signal.
 
 `SaveTrigger.from_slurm` reads the time left from Slurm (`squeue -o %L`) once; at each step boundary it
-compares it with safety x (slowest step + slowest save). The job saves a real checkpoint when the rule
+compares it with SAFETY x (slowest step + slowest save). The job saves a real checkpoint when the rule
 fires, stops, and writes what it saw to RESULT (JSON) so the test can check the rule against the clock.
 
-    python -m tests.recovery._deadline_job CKPT_ROOT RESULT STEP_S
+    python -m tests.recovery._deadline_job CKPT_ROOT RESULT STEP_S SAFETY
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from hpcrl.ckpt.state import RunState
 from hpcrl.ckpt.trigger import SaveTrigger
 
 
-def main(ckpt_root: str, result_path: str, step_s: float) -> None:
+def main(ckpt_root: str, result_path: str, step_s: float, safety: float) -> None:
     started = time.monotonic()
-    trigger = SaveTrigger.from_slurm(every_steps=0, safety=1.5)
+    trigger = SaveTrigger.from_slurm(every_steps=0, safety=safety)
     time_left_at_start = trigger.time_left()
     weights = torch.arange(1024, dtype=torch.float32)
     checkpointer = Checkpointer(ckpt_root, async_save=False)
@@ -52,4 +52,4 @@ def main(ckpt_root: str, result_path: str, step_s: float) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], float(sys.argv[3]))
+    main(sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4]))
