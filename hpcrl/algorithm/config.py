@@ -89,7 +89,7 @@ class AlgorithmConfig:
 @dataclass(kw_only=True)
 class DPOConfig:
     """Offline preference optimisation (stage: dpo): a policy learns from preferences against a frozen
-    reference, by DPO, IPO or KTO (`loss_type`; hpcrl.rl.preference_losses)."""
+    reference, by DPO, IPO or KTO (`loss_type`; hpcrl.posttrain.preference_losses)."""
 
     steps: int = 40
     """Training steps (one policy update each)."""
@@ -125,7 +125,7 @@ class SFTConfig:
 @dataclass(kw_only=True)
 class RMConfig:
     """Reward model (stage: rm): a scalar head on the last token learns which of two responses is
-    preferred (Bradley-Terry, hpcrl.rl.rm); exported as an HF `*ForSequenceClassification`."""
+    preferred (Bradley-Terry, hpcrl.posttrain.rm); exported as an HF `*ForSequenceClassification`."""
 
     steps: int = 100
     """Training steps (one update on `pairs_per_step` pairs each)."""

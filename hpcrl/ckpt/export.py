@@ -4,7 +4,7 @@ tokenizer), one that `transformers` (or vLLM, or the next stage of a pipeline) l
 A model with a scalar head (`value_head.weight`: a reward model, or a PPO critic) exports as
 `*ForSequenceClassification` with num_labels = 1: its `score.weight` is the head, and transformers scores
 a sequence at its last non-padding token, which is where hpcrl's reward model reads its score
-(hpcrl.rl.rm); `reward.name: model` loads such a directory.
+(hpcrl.posttrain.rm); `reward.name: model` loads such a directory.
 
 Reads the whole (unsharded) parameter tensors named `{prefix}...` (see hpcrl.ckpt.megatron), merges the
 fc1 gate/up pair back into megatron's `linear_fc1.weight` = [gate; up], and converts with

@@ -40,7 +40,7 @@ class PlacementConfig:
     """colocated: actor, reference and critic on all ranks, the actor resharded between training and
     generation; split: two disjoint pools of the training layout (critic + reference on the second);
     async: the rollout engine on its own pool, generating the next batches while the training pool
-    (actor, + reference and critic) updates on this one (hpcrl.rl.async_driver; verl's
+    (actor, + reference and critic) updates on this one (hpcrl.rl.offpolicy.driver; verl's
     one-step-off-policy recipe)."""
     max_off_policy_steps: int = 1
     """async: staleness bound m. The batch trained at step k is generated with the weights after update

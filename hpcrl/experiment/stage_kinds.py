@@ -70,7 +70,7 @@ STAGE_KINDS: dict[str, StageKind] = {
         ),
         StageKind(
             name="dpo",
-            entrypoint="hpcrl.rl.dpo:main",
+            entrypoint="hpcrl.posttrain.dpo:main",
             sections=("dpo",),
             rules=dpo_rules,
             steps_key="dpo.steps",
@@ -85,7 +85,7 @@ STAGE_KINDS: dict[str, StageKind] = {
         ),
         StageKind(
             name="sft",
-            entrypoint="hpcrl.rl.sft:main",
+            entrypoint="hpcrl.posttrain.sft:main",
             sections=("sft",),
             rules=sft_rules,
             steps_key="sft.steps",
@@ -101,7 +101,7 @@ STAGE_KINDS: dict[str, StageKind] = {
         ),
         StageKind(
             name="rm",
-            entrypoint="hpcrl.rl.rm:main",
+            entrypoint="hpcrl.posttrain.rm:main",
             sections=("rm",),
             rules=rm_rules,
             steps_key="rm.steps",

@@ -77,7 +77,7 @@ def _grpo_like_loss(outputs, mb):
 
 
 def _score_loss(outputs, mb):
-    """A loss on each row's last score, as the reward model's (hpcrl.rl.rm): the whole trunk is trained."""
+    """A loss on each row's last score, as the reward model's (hpcrl.posttrain.rm): the whole trunk is trained."""
     return (outputs.values_BT[:, -1] * mb.extras["advantages_BT"][:, -1]).mean(), {}
 
 

@@ -370,9 +370,9 @@ def _generate_phase(cfg: ExperimentConfig, dims: fm.Dims, e: int, device_bytes: 
 def _own_pool_generate_phase(
     cfg: ExperimentConfig, dims: fm.Dims, e: int, device_bytes: float
 ) -> list[Component]:
-    """A rollout pool of its own (async placement, hpcrl.rl.async_placement): the engine generates during
+    """A rollout pool of its own (async placement, hpcrl.rl.offpolicy.placement): the engine generates during
     the update, so its weights never sleep, and the next version lands in a back buffer of the same size
-    (hpcrl.rl.async_weights.DoubleBufferedWeights); each of the d_r replicas decodes its share of the
+    (hpcrl.rl.offpolicy.weights.DoubleBufferedWeights); each of the d_r replicas decodes its share of the
     batch; no reshard staging (the cross-pool transfer writes into the back buffer)."""
     par = cfg.parallel
     rt, rp = par.rollout_tensor, par.rollout_pipeline

@@ -267,7 +267,7 @@ ESTIMATORS: dict[str, Callable[[AdvantageInputs], AdvantageOutput]] = {
     "distill": _distill,
 }
 """The estimators of hpcrl.algorithm.registry.ALGORITHMS by name (offline DPO is its own stage,
-hpcrl.rl.dpo, with no estimator)."""
+hpcrl.posttrain.dpo, with no estimator)."""
 
 
 def compute_advantages(name: str, inp: AdvantageInputs) -> AdvantageOutput:

@@ -9,7 +9,7 @@ arithmetic and rules are hpcrl.distributed.placement's; each kind's job builder 
   and the reference; world = 2n. Batches cross pools through collectives over the default group (the
   worker groups' `Pool.share` / the rollout all-gather); the driver code is the same.
 - async: a training pool and a rollout pool that generates the next batches during the update
-  (hpcrl.rl.async_placement composes it, hpcrl.rl.async_driver runs it).
+  (hpcrl.rl.offpolicy.placement composes it, hpcrl.rl.offpolicy.driver runs it).
 """
 
 from __future__ import annotations
@@ -32,20 +32,21 @@ from hpcrl.metrics.logger import MetricsLogger
 from hpcrl.reshard.build import ENGINE_FAMILIES, build_reshard_engine
 from hpcrl.reshard.transport import make_groups
 from hpcrl.rewards.scoring import build_scorer
-from hpcrl.rl.async_placement import async_placement_problems, build_async_driver
 from hpcrl.rl.collector import Collector, CollectorSettings, PromptCodec
 from hpcrl.rl.driver import RLDriver
 from hpcrl.rl.handoff import SideInputs, build_rollout_side
 from hpcrl.rl.learner import Learner, Models
+from hpcrl.rl.offpolicy.placement import async_placement_problems, build_async_driver
 from hpcrl.rl.reward_worker import MegatronRewardScorer
 from hpcrl.rl.roles import ModelRoles, build_model_roles
 from hpcrl.rl.weight_sync import NoWeightSync, WeightSync
-from hpcrl.rl.workers import ActorWorker, Pool, RolloutWorker, Shards, TrainerWorker
+from hpcrl.rl.workers import ActorWorker, RolloutWorker
 from hpcrl.rollout.base import SamplingParams
 from hpcrl.rollout.engine_rule import ENGINES, EngineFacts, resolve_engine
 from hpcrl.stages.stateful import DataCursorState, Stateful
 from hpcrl.train.model import build_generation_groups, build_train_groups, named_global_params
 from hpcrl.train.trainer import build_policy_trainer
+from hpcrl.train.workers import Pool, Shards, TrainerWorker
 
 if TYPE_CHECKING:
     from hpcrl.train.trainer import Trainer
@@ -127,7 +128,7 @@ def _pool_groups(cfg: ExperimentConfig, pools: Pools):
 class Job:
     driver: object
     """The step runner (`step(i)`, `final_evaluation(n)`, a `sampler`): RLDriver, or an async pool's
-    driver (hpcrl.rl.async_driver) on that placement."""
+    driver (hpcrl.rl.offpolicy.driver) on that placement."""
     logger: MetricsLogger
     trainers: dict[str, Trainer] = field(default_factory=dict)
     """The trainers checkpointed on this rank, by prefix (hpcrl.rl.learner.Models.trainers)."""
@@ -192,7 +193,7 @@ def _pooled_job(i: JobInputs) -> Job:
 
 
 def _async_job(i: JobInputs) -> Job:
-    """The training pool's or the rollout pool's side of the async placement (hpcrl.rl.async_placement)."""
+    """The training pool's or the rollout pool's side of the async placement (hpcrl.rl.offpolicy.placement)."""
     driver = build_async_driver(i.cfg, i.rank, i.tokenizer, rollout_engine_for(i.cfg), i)
     return Job(driver, i.logger(), driver.trainers(), [driver.data_cursor(), driver], close=driver.close)
 

@@ -5,7 +5,7 @@ log-probs) with the rollout worker; score them (skipped samples are dropped; DAP
 added; ReMax's greedy baseline scored alongside); with dynamic sampling (DAPO §3.2), groups whose scores
 are all equal are dropped and more prompts sampled, at most `max_gen_batches` rollout batches, and the
 kept groups are trimmed to prompts_per_step. The colocated step (hpcrl.rl.driver) and the async
-placement's rollout pool (hpcrl.rl.async_driver) both collect through it; environments plug in here.
+placement's rollout pool (hpcrl.rl.offpolicy.driver) both collect through it; environments plug in here.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ train -> rollout, collect, train, as plain code over three parts.
 Placement is the worker groups' business (hpcrl.rl.assemble): colocated, actor, reference, critic and
 rollout live on the same ranks; split, actor + rollout on one pool and critic + reference on another.
 Every rank runs this code on the same global tensors (hpcrl.rl.workers); rank 0 logs. The async
-placement schedules the same Collector and Learner on two pools at once (hpcrl.rl.async_driver).
+placement schedules the same Collector and Learner on two pools at once (hpcrl.rl.offpolicy.driver).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ HybridFlow's colocated actor switches train -> rollout through the 3D-HybridEngi
   copied in by the engine's `load_weights`.
 
 `shard_loader` is the per-engine "put this generation shard into the engine" step; the async placement
-loads the shards it receives from the training pool through it too (hpcrl.rl.async_weights).
+loads the shards it receives from the training pool through it too (hpcrl.rl.offpolicy.weights).
 
 Each hand-off returns its metrics from the reshard's counting transport (this rank's bytes received and
 collectives of that one transition), which the driver logs every step. With `written` (the
@@ -165,7 +165,7 @@ def shard_loader(
     engine_name: str, engine: RolloutEngine, layout: ParallelLayout, rank: int, model_cfg: ModelConfig
 ) -> Callable[[object], int]:
     """How a generation shard (anything with `megatron_tensors()`: the reshard engine's, or one received
-    from another pool, hpcrl.rl.async_weights) enters engine `engine_name`; returns tensors loaded.
+    from another pool, hpcrl.rl.offpolicy.weights) enters engine `engine_name`; returns tensors loaded.
     `layout`/`rank`: the generation layout and this rank's index in it (which TP shard it is)."""
     return _LOADERS[engine_name](engine, layout, rank, model_cfg)
 

@@ -5,7 +5,7 @@ et al. 2025, eq. 3), ref log-probs (reference, when kl_coef > 0), values (critic
 log-probs (distill); token rewards =
 outcome on the last token (- kl_coef * KL when kl_in_reward); advantages (hpcrl.rl.advantages registry);
 ppo_epochs actor updates (+ critic updates). The colocated step (hpcrl.rl.driver) and the async
-placement's training pool (hpcrl.rl.async_driver) both train through it.
+placement's training pool (hpcrl.rl.offpolicy.driver) both train through it.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from hpcrl.rl.experience import Experience
 from hpcrl.rl.losses import kl_penalty, masked_mean, truncated_is_weights
 from hpcrl.rl.objectives import policy_loss_fn, value_loss_fn
 from hpcrl.rl.timing import PhaseTimer
-from hpcrl.rl.workers import ActorWorker, TrainerWorker, response_logprobs
+from hpcrl.rl.workers import ActorWorker, response_logprobs
+from hpcrl.train.workers import TrainerWorker
 
 if TYPE_CHECKING:
     from hpcrl.train.trainer import Trainer

@@ -4,7 +4,7 @@ transformers on every rank.
 
 A row is what the HF scorer and the `rm` stage build (hpcrl.rewards.reward_model.reward_rows: BOS, prompt,
 response, EOS), right padded; the score is the head's value at the row's last real token
-(hpcrl.rl.rm.last_token_scores_B), where the `rm` stage trained it and where transformers'
+(hpcrl.train.logprobs.last_token_scores_B), where the `rm` stage trained it and where transformers'
 `*ForSequenceClassification` reads it. Every rank calls it on the same batch (the Collector runs on every
 rank, hpcrl.rl.driver); the pool's ranks compute and share the result with the others.
 Shape legend: B rows, S tokens.
@@ -17,8 +17,8 @@ from collections.abc import Sequence
 import torch
 
 from hpcrl.rewards.reward_model import padded_rows, reward_rows
-from hpcrl.rl.rm import last_token_scores_B
-from hpcrl.rl.workers import TrainerWorker
+from hpcrl.train.logprobs import last_token_scores_B
+from hpcrl.train.workers import TrainerWorker
 
 
 class MegatronRewardScorer:

@@ -17,8 +17,9 @@ from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.experiment.frozen_models import FrozenModel, frozen_models
 from hpcrl.rl.learner import Models
-from hpcrl.rl.workers import ActorWorker, TrainerWorker
+from hpcrl.rl.workers import ActorWorker
 from hpcrl.train.trainer import Trainer, build_policy_trainer, build_reward_trainer, build_value_trainer
+from hpcrl.train.workers import TrainerWorker
 
 WorkerOf = Callable[[Trainer | None], TrainerWorker]
 """Wraps a rank's trainer (None on a rank outside the pool) into the pool's worker group."""

@@ -4,7 +4,7 @@ HybridFlow's weight transition (Sheng et al. 2024, §5) in each placement, behin
 - colocated / split: the 3D-HybridEngine reshards the actor's training shards into the generation
   layout on the same ranks, at once (hpcrl.rl.handoff.ReshardHandoff);
 - async: a training rank sends its shards to the rollout pool, which swaps them in at its next step
-  (hpcrl.rl.async_weights.WeightSender; the receiving side is DoubleBufferedWeights);
+  (hpcrl.rl.offpolicy.weights.WeightSender; the receiving side is DoubleBufferedWeights);
 - a rank outside the actor pool moves nothing (NoWeightSync).
 A weight source of another shape (LoRA adapters only, experts) is one more implementation.
 """

@@ -1,5 +1,5 @@
-"""What every training stage shares (the RL job hpcrl.rl.job, offline DPO hpcrl.rl.dpo, SFT
-hpcrl.rl.sft; reward model and KTO next): the rank preamble, the prompt + response batch, the step loop,
+"""What every training stage shares (the RL job hpcrl.rl.job and the offline stages of hpcrl.posttrain:
+SFT, DPO / IPO / KTO, the reward model): the rank preamble, the prompt + response batch, the step loop,
 checkpoint and resume over `Stateful`s, the run's identity. Which stage an element runs, and what it
 reads: hpcrl.experiment.stage_kinds.
 

@@ -1,11 +1,11 @@
 """Checkpoint and resume of a stage through hpcrl.ckpt (sharded HDF5, any layout on load): every stage
-(the RL job hpcrl.rl.job, offline DPO hpcrl.rl.dpo) shares it.
+(the RL job hpcrl.rl.job, offline DPO hpcrl.posttrain.dpo) shares it.
 
 Saved: the step, RNG states and a list of `Stateful`s (hpcrl.stages.stateful), each component's own: the
 trainers' parameters and AdamW state as shards, one prefix per trainer ("actor." / "critic."), with an
 fp16 trainer's loss-scale state (TrainerStates); the data cursor (DataCursorState); whatever else a stage
 registers (the async placement: its weight version and the batches generated but not yet trained,
-hpcrl.rl.async_driver). Not saved: the reference model (it is rebuilt from the same init or HF directory)
+hpcrl.rl.offpolicy.driver). Not saved: the reference model (it is rebuilt from the same init or HF directory)
 and the rollout engine (it receives the actor's weights at the start of every step).
 Saves are async when `checkpoint.async_save`: every saved trainer fences the
 in-flight save before its optimizer step (`Trainer.add_pre_step_hook(checkpointer.fence)`), the first

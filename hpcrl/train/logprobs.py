@@ -126,7 +126,7 @@ class PolicyHead:
 class ScoreHead:
     """Turns a ScalarHead output [B, T, 1] into per-position scores, unshifted: values_BT[b, t] = r(x_<=t),
     the score of the prefix ending at token t (a reward model reads it at each row's last real token,
-    where transformers' `*ForSequenceClassification` reads its score: hpcrl.rl.rm)."""
+    where transformers' `*ForSequenceClassification` reads its score: hpcrl.posttrain.rm)."""
 
     keys = ("values_BT",)
 
@@ -142,3 +142,9 @@ class ValueHead:
 
     def __call__(self, model_out_BTX: torch.Tensor, input_ids_BT: torch.Tensor) -> HeadOutputs:  # noqa: ARG002
         return HeadOutputs(values_BT=shift_to_tokens(model_out_BTX[:, :-1, 0].float()))
+
+
+def last_token_scores_B(values_BS: torch.Tensor, attention_BS: torch.Tensor) -> torch.Tensor:
+    """Each row's score at its last attended token, [B] (rows are right padded)."""
+    last_B = attention_BS.long().sum(dim=1) - 1
+    return values_BS.gather(1, last_B[:, None]).squeeze(1)

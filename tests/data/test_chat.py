@@ -18,7 +18,7 @@ from hpcrl.data.sources import load_splits, read_examples
 from hpcrl.data.tasks import ALPHABET
 from hpcrl.data.tokenizer import CHAT_VOCAB_SIZE, build_char_tokenizer
 from hpcrl.errors import ConfigError
-from hpcrl.rl.sft import sft_loss
+from hpcrl.posttrain.sft import sft_loss
 from hpcrl.stages.sequences import example_batch
 from hpcrl.train.logprobs import HeadOutputs
 

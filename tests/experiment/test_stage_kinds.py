@@ -111,8 +111,8 @@ def test_run_identity_reads_the_stages_sections_and_frees_its_step_count():
 
 
 def test_the_entrypoint_is_the_stages_unless_the_config_names_one():
-    assert entrypoint_of(resolve(DPO).elements[0].config) == "hpcrl.rl.dpo:main"
-    assert entrypoint_of(resolve(SFT).elements[0].config) == "hpcrl.rl.sft:main"
+    assert entrypoint_of(resolve(DPO).elements[0].config) == "hpcrl.posttrain.dpo:main"
+    assert entrypoint_of(resolve(SFT).elements[0].config) == "hpcrl.posttrain.sft:main"
     assert entrypoint_of(resolve(GRPO).elements[0].config) == "hpcrl.rl.job:main"
     own = resolve(GRPO, {"entrypoint": "hpcrl.launcher.probe:main"}).elements[0].config
     assert entrypoint_of(own) == "hpcrl.launcher.probe:main"

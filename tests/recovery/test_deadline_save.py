@@ -1,10 +1,15 @@
-"""Saving before the time limit WITHOUT a warning signal, in a real Slurm job (`--time=1`, no --signal):
+"""Saving before the time limit WITHOUT a warning signal, in a real Slurm job (`--time=2`, no --signal):
 the time left comes from Slurm (squeue) and the rule compares it with the measured step and save times.
-Steps of 5 s and a 4x margin: the job steps on while more than 20 s are left, then saves a real checkpoint
-and stops at the first boundary with less, 15-20 s before Slurm's limit, however long it took to start.
-(Steps of 25 s at a 1.5x margin stopped at the first boundary, whose time left was what the start-up
-left of the minute less 25 s: a start-up of ~35 s on a loaded machine left none, and Slurm killed the job
-as it wrote its result: TIMEOUT in a loaded clean-clone run of 37a2353.)"""
+Steps of 5 s and a 12x margin: the job steps on while more than 60 s are left, then saves a real
+checkpoint and stops at the first boundary with less, 55-60 s before Slurm's limit, however long it took
+to start.
+
+Why so wide a margin: Slurm decides COMPLETED or TIMEOUT by when its controller processes the job's end,
+not by when the job's process ended, and on a loaded machine that came late. Two loaded clean-clone runs
+ended as TIMEOUT with the job's result written 15 s (6d85c03: 5 s steps at 4x, `--time=1`) and 30 s
+(37a2353: 25 s steps at 1.5x) before the limit; the same job run beside the quick tier and two busy loops
+ended within 0.5 s of its result.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ from hpcrl.ckpt.manifest import read_manifest
 from tests.recovery._runs import REPO
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
-STEP_S, SAFETY = 5.0, 4.0
+STEP_S, SAFETY = 5.0, 12.0
 
 
 @pytest.mark.heavy
@@ -26,7 +31,7 @@ def test_the_time_limit_rule_saves_and_stops_before_the_limit(slurm_cluster, tmp
     result = tmp_path / "result.json"
     job = slurm_cluster.sbatch(
         [
-            "--time=1",
+            "--time=2",
             f"--output={tmp_path}/job.out",
             f"--chdir={REPO}",
             "--wrap",
@@ -37,8 +42,8 @@ def test_the_time_limit_rule_saves_and_stops_before_the_limit(slurm_cluster, tmp
     # COMPLETED, not TIMEOUT: it stopped on its own before Slurm killed it at the limit
     assert states == {job: "COMPLETED"}, (tmp_path / "job.out").read_text()[-2000:]
     seen = json.loads(result.read_text())
-    # read from Slurm, not assumed (how much of the minute is left depends on how fast the job started)
-    assert 0 < seen["time_left_at_start_s"] <= 60
+    # read from Slurm, not assumed (how much of the limit is left depends on how fast the job started)
+    assert 0 < seen["time_left_at_start_s"] <= 120
     *early, last = seen["boundaries"]
     assert last["reasons"] == ["deadline"] and last["time_left_s"] > 0
     assert last["time_left_s"] < SAFETY * STEP_S  # the rule fired because the next step would not fit...

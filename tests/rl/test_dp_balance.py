@@ -32,10 +32,10 @@ def _batch(vocab: int):
 
 
 def dispatch_both_ways(rank: int, world: int) -> dict:
-    from hpcrl.rl.workers import TrainerWorker
     from hpcrl.train.config import OptimizerConfig
     from hpcrl.train.model import build_train_groups, gather_full_state_dict
     from hpcrl.train.trainer import build_policy_trainer
+    from hpcrl.train.workers import TrainerWorker
     from tests.train._rank_fns import policy_loss, tiny_config
 
     groups = build_train_groups(1, 1, 2)

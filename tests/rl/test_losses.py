@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from hpcrl.posttrain.preference_losses import dpo_loss
 from hpcrl.rl.losses import (
     ClipRange,
     agg_loss,
@@ -15,7 +16,6 @@ from hpcrl.rl.losses import (
     ppo_clip_loss,
     truncated_is_weights,
 )
-from hpcrl.rl.preference_losses import dpo_loss
 
 LOSS_BT = torch.tensor([[1.0, 2, 3], [4, 0, 0]])
 MASK_BT = torch.tensor([[1.0, 1, 1], [1, 0, 0]])

@@ -88,9 +88,10 @@ def test_counter_hash_is_deterministic_and_mixes_every_key():
 
 
 def test_rollout_worker_takes_any_int_seed():
-    from hpcrl.rl.workers import RolloutWorker, Shards
+    from hpcrl.rl.workers import RolloutWorker
     from hpcrl.rollout.hf_engine import HFRolloutEngine, build_hf_causal_lm
     from hpcrl.train.config import ModelConfig
+    from hpcrl.train.workers import Shards
 
     cfg = ModelConfig(
         vocab_size=16, hidden_size=32, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=64

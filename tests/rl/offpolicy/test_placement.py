@@ -1,4 +1,4 @@
-"""Async placement (hpcrl.rl.async_driver): a training rank and a rollout rank, real gloo groups.
+"""Async placement (hpcrl.rl.offpolicy.driver): a training rank and a rollout rank, real gloo groups.
 
 - max_off_policy_steps 0 reproduces the colocated run bitwise: every metric (wall-clock and placement
   figures aside) and the final checkpoint (parameters and AdamW state).
@@ -24,18 +24,18 @@ from hpcrl.distributed.spawn import run_ranks
 from hpcrl.errors import ConfigError
 from hpcrl.experiment.stage_kinds import config_rules as check_rules
 from hpcrl.rl.assemble import placement_problems
-from hpcrl.rl.async_channel import (
+from hpcrl.rl.collector import RolloutBatch
+from hpcrl.rl.experience import Experience
+from hpcrl.rl.offpolicy.channel import (
     RolloutMessage,
     decode_batches,
     decode_message,
     encode_batches,
     encode_message,
 )
-from hpcrl.rl.collector import RolloutBatch
-from hpcrl.rl.experience import Experience
 from hpcrl.rollout.base import GenerationOutput
 from tests.recovery._runs import final_tensors
-from tests.rl._async_ranks import jobs_then_double_buffer
+from tests.rl.offpolicy._ranks import jobs_then_double_buffer
 from tests.rl._job_ranks import run_named, tiny_config
 
 pytestmark = pytest.mark.dist

@@ -13,7 +13,7 @@ from hpcrl.data.tokenizer import build_char_tokenizer
 from hpcrl.distributed.spawn import run_ranks
 from hpcrl.errors import ConfigError
 from hpcrl.metrics.sinks import read_jsonl
-from hpcrl.rl.sft import build_sft_driver, exact_match_B, heldout_metrics
+from hpcrl.posttrain.sft import build_sft_driver, exact_match_B, heldout_metrics
 from hpcrl.stages.sequences import response_batch
 from hpcrl.stages.trainer_stage import stage_problems as sft_problems
 from hpcrl.train.batch import TrainBatch
@@ -25,7 +25,7 @@ EOS = 2
 
 
 def run_sft(rank: int, world: int, cfg, run_dir: str) -> dict:
-    from hpcrl.rl.sft import main
+    from hpcrl.posttrain.sft import main
 
     return main(cfg, Path(run_dir))
 

@@ -9,7 +9,7 @@ buffer by a background thread while the engine keeps generating with the front (
 generation). `swap(v)` waits until version v is completely received and only then loads the back buffer
 into the engine (through the same per-engine loader as the colocated hand-off, hpcrl.rl.handoff.
 shard_loader): a half-written weight is never used, and the version each batch is generated with is fixed
-by the schedule, never by timing (hpcrl.rl.async_driver).
+by the schedule, never by timing (hpcrl.rl.offpolicy.driver).
 """
 
 from __future__ import annotations

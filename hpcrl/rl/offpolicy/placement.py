@@ -4,8 +4,8 @@ Ranks [0, n) are the training pool at the training layout p-t-d (n = p*t*d): the
 optimizer, and the reference and critic when the algorithm has them. Ranks [n, n + r) are the rollout
 pool at the generation layout p_g-t_g-d_r (r = p_g*t_g*d_r, d_r = placement.rollout_pool_data): the
 rollout engine (hf, megatron at any p_g-t_g, vllm at t_g = 1), the reward and the data sampler. The two
-pools run different halves of the step (hpcrl.rl.async_driver); batches cross by a broadcast from the
-first rollout rank to the training ranks (hpcrl.rl.async_channel), weights by the cross-pool transfer
+pools run different halves of the step (hpcrl.rl.offpolicy.driver); batches cross by a broadcast from the
+first rollout rank to the training ranks (hpcrl.rl.offpolicy.channel), weights by the cross-pool transfer
 (hpcrl.reshard.cross_pool, executed by hpcrl.reshard.cross_pool_transfer), and land in the engine through
 the colocated hand-off's own per-engine loader (hpcrl.rl.handoff.shard_loader). Rank 0 (training) logs.
 
@@ -30,20 +30,21 @@ from hpcrl.experiment.frozen_models import frozen_models
 from hpcrl.reshard.build import model_param_metas
 from hpcrl.reshard.cross_pool import plan_cross_pool
 from hpcrl.reshard.cross_pool_transfer import CrossPoolTransfer
-from hpcrl.rl.async_channel import BatchChannel
-from hpcrl.rl.async_driver import AsyncRolloutDriver, AsyncTrainDriver, CursorMirror
-from hpcrl.rl.async_weights import DoubleBufferedWeights, WeightSender
 from hpcrl.rl.collector import Collector
 from hpcrl.rl.handoff import shard_loader
 from hpcrl.rl.learner import Learner, Models
+from hpcrl.rl.offpolicy.channel import BatchChannel
+from hpcrl.rl.offpolicy.driver import AsyncRolloutDriver, AsyncTrainDriver, CursorMirror
+from hpcrl.rl.offpolicy.weights import DoubleBufferedWeights, WeightSender
 from hpcrl.rl.roles import build_model_roles
-from hpcrl.rl.workers import ActorWorker, Pool, RolloutWorker, Shards, TrainerWorker
+from hpcrl.rl.workers import ActorWorker, RolloutWorker
 from hpcrl.rollout.engine_rule import ENGINES
 from hpcrl.rollout.factory import build_rollout_engine
 from hpcrl.rollout.megatron_engine import MegatronRolloutEngine
 from hpcrl.train.config import ModelConfig
 from hpcrl.train.model import build_train_groups, named_global_params
 from hpcrl.train.trainer import build_policy_trainer
+from hpcrl.train.workers import Pool, Shards, TrainerWorker
 
 
 @dataclass(frozen=True)

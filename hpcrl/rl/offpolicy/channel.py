@@ -35,7 +35,7 @@ VERSION_KEY = "weight_version_B"
 
 @dataclass
 class RolloutMessage:
-    """What the rollout pool sends at one point of a step (hpcrl.rl.async_driver says when)."""
+    """What the rollout pool sends at one point of a step (hpcrl.rl.offpolicy.driver says when)."""
 
     batches: list[RolloutBatch]
     cursor: dict[str, int]

@@ -11,9 +11,9 @@ from hpcrl.data.preference import load_preference_splits
 from hpcrl.data.tasks import get_task, make_splits
 from hpcrl.data.tokenizer import model_tokenizer
 from hpcrl.metrics.sinks import read_jsonl
+from hpcrl.posttrain.preference_losses import bradley_terry_loss
 from hpcrl.rewards.config import RewardConfig
 from hpcrl.rewards.scoring import build_scorer
-from hpcrl.rl.preference_losses import bradley_terry_loss
 from tests.rl._job_ranks import tiny_config
 
 pytestmark = pytest.mark.heavy  # its shared fixtures train or spawn for seconds (launch/test.sh --quick)

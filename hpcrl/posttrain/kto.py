@@ -6,7 +6,7 @@ Optimization"). Per step:
      chosen desirable, its rejected not; hpcrl.data.preference.unpair);
   2. the reference point z0 = max(0, mean_i [log pi(y_{i-1}|x_i) - log ref(y_{i-1}|x_i)]) over mismatched
      rows, each prompt with the previous row's completion (TRL's cyclic shift), without gradient
-     (hpcrl.rl.preference_losses.kto_reference_point);
+     (hpcrl.posttrain.preference_losses.kto_reference_point);
   3. one update on mean_i lambda_{y_i} (1 - sigmoid(beta * s_i (r_i - z0))), r_i = log pi(y_i|x_i) -
      log ref(y_i|x_i), s_i = +1 for desirable rows and -1 for undesirable ones (eq. 8).
 z0 comes from a no-grad forward of the pre-update policy: with one update per step the parameters are
@@ -29,8 +29,8 @@ import torch
 from hpcrl.data.cursor import DataCursor, PromptSampler
 from hpcrl.data.preference import PreferencePair, UnpairedRow, unpair
 from hpcrl.experiment.config import ExperimentConfig
-from hpcrl.rl.preference_losses import kto_losses_B, kto_reference_point
-from hpcrl.rl.preference_setup import PreferenceSetup, RowWorker
+from hpcrl.posttrain.preference_losses import kto_losses_B, kto_reference_point
+from hpcrl.posttrain.preference_setup import PreferenceSetup, RowWorker
 from hpcrl.stages.trainer_stage import train_timing
 from hpcrl.train.batch import TrainBatch
 

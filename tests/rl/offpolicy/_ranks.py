@@ -48,8 +48,8 @@ def double_buffer_ranks(rank: int, world: int) -> dict:
     from hpcrl.reshard.cross_pool import plan_cross_pool
     from hpcrl.reshard.cross_pool_transfer import CrossPoolTransfer
     from hpcrl.reshard.params import gpt_param_metas
-    from hpcrl.rl.async_weights import DoubleBufferedWeights, WeightSender
     from hpcrl.rl.handoff import shard_loader
+    from hpcrl.rl.offpolicy.weights import DoubleBufferedWeights, WeightSender
     from hpcrl.rollout.hf_engine import HFRolloutEngine
 
     cfg = tiny_model_config()

@@ -3,12 +3,12 @@
 `main(cfg, run_dir)` is the entrypoint of the `dpo` stage (`stage: dpo`, see templates/dpo_tiny.yaml; it
 reads the `dpo:` section, hpcrl.algorithm.config.DPOConfig); it runs on every rank after
 torch.distributed is initialised, like hpcrl.rl.job.main. `dpo.loss_type: kto` runs KTO's driver
-(hpcrl.rl.kto) instead, on the same data. Per step of DPO / IPO:
+(hpcrl.posttrain.kto) instead, on the same data. Per step of DPO / IPO:
   1. sample `dpo.pairs_per_step` pairs (resumable cursor, hpcrl.data.cursor);
   2. one [2N, S] batch, rows (chosen_0, rejected_0, chosen_1, ...): prompt + response + <eos>, the loss
      counting response tokens only;
   3. summed response log-probs of the frozen reference (the initial policy, never updated);
-  4. one policy update on the pair loss (hpcrl.rl.preference_losses): sigmoid, DPO (Rafailov et al.
+  4. one policy update on the pair loss (hpcrl.posttrain.preference_losses): sigmoid, DPO (Rafailov et al.
      2023, eq. 7): L = -log sigmoid(beta [(log pi(y_w) - log ref(y_w)) - (log pi(y_l) - log ref(y_l))]);
      ipo, IPO (Azar et al. 2023, eq. 17) on per-token log-ratios.
 Metrics: dpo/loss, dpo/accuracy (share of pairs whose implicit reward prefers the chosen response),
@@ -34,31 +34,13 @@ from hpcrl.data.preference import PreferencePair
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.lifecycle import Lifecycle
-from hpcrl.rl.kto import build_kto_driver
-from hpcrl.rl.preference_losses import DPOStats, dpo_loss, ipo_loss
-from hpcrl.rl.preference_setup import RowWorker, preference_setup
-from hpcrl.stages.sequences import response_batch
+from hpcrl.posttrain.kto import build_kto_driver
+from hpcrl.posttrain.preference_losses import DPOStats, dpo_loss, ipo_loss
+from hpcrl.posttrain.preference_setup import PairWorker, preference_setup
 from hpcrl.stages.trainer_stage import run_trainer_stage, train_timing
 from hpcrl.train.batch import TrainBatch
 
 log = logging.getLogger(__name__)
-
-
-def pair_batch(pairs: list[PreferencePair], tokenizer, max_prompt_length: int, context: int) -> TrainBatch:
-    """The [2N, S] batch of `pairs` (chosen then rejected per pair), right padded; a pair longer than the
-    model's context is a ConfigError naming it (hpcrl.stages.sequences.response_batch)."""
-    prompts = [p.prompt for p in pairs for _ in range(2)]
-    responses = [r for p in pairs for r in (p.chosen, p.rejected)]
-    return response_batch(prompts, responses, tokenizer, max_prompt_length, context)
-
-
-class PairWorker(RowWorker):
-    """A trainer over DP ranks that dispatches whole pairs: rows 2i and 2i+1 stay on one rank."""
-
-    def _local(self, batch: TrainBatch, parts: list[list[int]] | None) -> TrainBatch:
-        """Pairs, contiguously (the preference stage refuses token balancing at expand: `parts` is None)."""
-        start, stop = self.shards.bounds(len(batch) // 2)
-        return batch.slice(2 * start, 2 * stop)
 
 
 def pair_loss(loss_type: str, logp_B, ref_B, tokens_B, beta: float) -> tuple[torch.Tensor, DPOStats]:
@@ -112,7 +94,7 @@ def pair_metrics(
 class DPODriver:
     beta: float
     loss_type: str
-    """sigmoid (DPO) or ipo (dpo.loss_type; kto has its own driver, hpcrl.rl.kto)."""
+    """sigmoid (DPO) or ipo (dpo.loss_type; kto has its own driver, hpcrl.posttrain.kto)."""
     pairs_per_step: int
     policy: PairWorker
     reference: PairWorker

@@ -19,8 +19,8 @@ from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from hpcrl.data.tasks import ALPHABET  # noqa: E402
 from hpcrl.data.tokenizer import build_char_tokenizer  # noqa: E402
-from hpcrl.rl.preference_losses import dpo_loss, ipo_loss, kto_losses_B, kto_reference_point  # noqa: E402
-from hpcrl.rl.sft import sft_loss  # noqa: E402
+from hpcrl.posttrain.preference_losses import dpo_loss, ipo_loss, kto_losses_B, kto_reference_point  # noqa: E402
+from hpcrl.posttrain.sft import sft_loss  # noqa: E402
 from hpcrl.train.batch import TrainBatch  # noqa: E402
 from hpcrl.train.logprobs import HeadOutputs  # noqa: E402
 

@@ -12,7 +12,7 @@ from hpcrl.data.tasks import Example
 from hpcrl.distributed.spawn import run_ranks
 from hpcrl.errors import ConfigError
 from hpcrl.metrics.sinks import read_jsonl
-from hpcrl.rl.dpo import pair_batch
+from hpcrl.posttrain.preference_setup import pair_batch
 from hpcrl.stages.trainer_stage import stage_problems as dpo_problems
 from tests.rl._job_ranks import tiny_config
 
@@ -20,7 +20,7 @@ TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "dpo_tiny.yaml"
 
 
 def run_dpo(rank: int, world: int, cfg, run_dir: str) -> dict:
-    from hpcrl.rl.dpo import main
+    from hpcrl.posttrain.dpo import main
 
     return main(cfg, Path(run_dir))
 
@@ -81,7 +81,7 @@ def test_dpo_config_rules_report_every_problem():
 
 @pytest.mark.dist
 def test_hpcrl_run_dpo_tiny_heldout_accuracy_and_margin_rise(tmp_path, capsys):
-    """`hpcrl run templates/dpo_tiny.yaml` (stage dpo: its entrypoint hpcrl.rl.dpo:main), 20 steps."""
+    """`hpcrl run templates/dpo_tiny.yaml` (stage dpo: its entrypoint hpcrl.posttrain.dpo:main), 20 steps."""
     from hpcrl import cli
 
     overrides = {"dpo.steps": 20, "dpo.eval_every": 10, "run_root": str(tmp_path)}

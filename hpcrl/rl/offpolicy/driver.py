@@ -24,7 +24,7 @@ truncated importance weight min(pi_old / pi_behav, C) (hpcrl.rl.losses.truncated
 with. One weight corrects both the staleness and the engine's numerics.
 
 Exactly-once state (hpcrl.stages.checkpointing, key "async"): the weight version, the next batch index and
-the in-flight batches (held by the training pool, saved as one tensor: hpcrl.rl.async_channel); the data
+the in-flight batches (held by the training pool, saved as one tensor: hpcrl.rl.offpolicy.channel); the data
 cursor saved is the rollout's, after the last batch it produced.
 """
 
@@ -40,16 +40,16 @@ from hpcrl.ckpt.manifest import Manifest
 from hpcrl.ckpt.shards import ShardedTensor, ShardSpec
 from hpcrl.data.cursor import DataCursor
 from hpcrl.errors import ConfigError, Problem
-from hpcrl.rl.async_channel import (
+from hpcrl.rl.collector import Collector, RolloutBatch
+from hpcrl.rl.learner import Learner
+from hpcrl.rl.offpolicy.channel import (
     VERSION_KEY,
     BatchChannel,
     RolloutMessage,
     decode_batches,
     encode_batches,
 )
-from hpcrl.rl.async_weights import DoubleBufferedWeights
-from hpcrl.rl.collector import Collector, RolloutBatch
-from hpcrl.rl.learner import Learner
+from hpcrl.rl.offpolicy.weights import DoubleBufferedWeights
 from hpcrl.rl.timing import PhaseTimer, timing_metrics
 from hpcrl.rl.weight_sync import WeightSync
 from hpcrl.stages.stateful import DataCursorState
@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 STATE_KEY = "async"
 """RunState.algorithm_state key of the async placement's state."""
 INFLIGHT = "async.inflight"
-"""Checkpoint tensor of the in-flight batches (uint8, hpcrl.rl.async_channel.encode_batches)."""
+"""Checkpoint tensor of the in-flight batches (uint8, hpcrl.rl.offpolicy.channel.encode_batches)."""
 
 
 @dataclass

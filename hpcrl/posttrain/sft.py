@@ -38,13 +38,13 @@ from hpcrl.data.tokenizer import model_tokenizer
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.lifecycle import Lifecycle
-from hpcrl.rl.workers import TrainerWorker
 from hpcrl.stages.sequences import example_batch
 from hpcrl.stages.trainer_stage import run_trainer_stage, train_timing
 from hpcrl.train.batch import TrainBatch
 from hpcrl.train.logprobs import HeadOutputs
 from hpcrl.train.model import build_train_groups
 from hpcrl.train.trainer import build_policy_trainer
+from hpcrl.train.workers import TrainerWorker
 
 
 def sft_loss(out: HeadOutputs, mb: TrainBatch) -> tuple[torch.Tensor, dict]:

@@ -9,7 +9,7 @@ SFT model, or random init) with a ScalarHead, read per position (hpcrl.train.log
   2. one [2N, S] batch, rows (chosen_0, rejected_0, ...): prompt + response + <eos>, right padded;
   3. the score of a row, r(x, y), is the head's output at its last real token (its <eos>): where
      transformers' `*ForSequenceClassification` reads it, so the HF export scores exactly as trained;
-  4. one update on the Bradley-Terry loss -mean log sigmoid(r_w - r_l) (hpcrl.rl.preference_losses).
+  4. one update on the Bradley-Terry loss -mean log sigmoid(r_w - r_l) (hpcrl.posttrain.preference_losses).
 Metrics: rm/loss, rm/accuracy (r_w > r_l), rm/margin; every `rm.eval_every` steps the same on held-out
 pairs (rm/heldout_*). The run ends with `<run_dir>/hf`, a `*ForSequenceClassification` directory that
 `reward.name: model` scores with (hpcrl.stages.export, hpcrl.ckpt.export).
@@ -31,18 +31,13 @@ from hpcrl.data.tokenizer import model_tokenizer
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.lifecycle import Lifecycle
-from hpcrl.rl.dpo import PairWorker, pair_batch
-from hpcrl.rl.preference_losses import bradley_terry_loss
+from hpcrl.posttrain.preference_losses import bradley_terry_loss
+from hpcrl.posttrain.preference_setup import PairWorker, pair_batch
 from hpcrl.stages.trainer_stage import run_trainer_stage, train_timing
 from hpcrl.train.batch import TrainBatch
+from hpcrl.train.logprobs import last_token_scores_B
 from hpcrl.train.model import build_train_groups
 from hpcrl.train.trainer import build_reward_trainer
-
-
-def last_token_scores_B(values_BS: torch.Tensor, attention_BS: torch.Tensor) -> torch.Tensor:
-    """Each row's score at its last attended token, [B] (rows are right padded)."""
-    last_B = attention_BS.long().sum(dim=1) - 1
-    return values_BS.gather(1, last_B[:, None]).squeeze(1)
 
 
 def rm_loss(out, mb: TrainBatch) -> tuple[torch.Tensor, dict]:
