@@ -31,7 +31,6 @@ from typing import Any
 
 import torch.distributed as dist
 
-from hpcrl.ckpt.collectives import group_rank
 from hpcrl.ckpt.config import CheckpointConfig, checkpoint_root
 from hpcrl.ckpt.load import Loaded, SpecSource, load_checkpoint
 from hpcrl.ckpt.manifest import CheckpointError
@@ -40,6 +39,7 @@ from hpcrl.ckpt.save import SaveJob, abort_save, commit_save, mark_failed, run_s
 from hpcrl.ckpt.shards import ShardedTensor
 from hpcrl.ckpt.snapshot import HostBuffers, InFlightSave
 from hpcrl.ckpt.state import RunState, capture_rng
+from hpcrl.distributed.collectives import group_rank
 
 log = logging.getLogger(__name__)
 

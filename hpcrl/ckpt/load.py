@@ -31,7 +31,6 @@ import h5py
 import torch
 import torch.distributed as dist
 
-from hpcrl.ckpt.collectives import all_gather_json, group_rank, max_over_ranks
 from hpcrl.ckpt.commit import LATEST, publish, set_aside
 from hpcrl.ckpt.manifest import (
     MANIFEST,
@@ -45,6 +44,7 @@ from hpcrl.ckpt.shards import Box, ShardSpec, storage_dtype, torch_dtype
 from hpcrl.ckpt.state import RunState, check_rng
 from hpcrl.ckpt.trust import check_datasets, check_manifest, check_step_dir, checkpoint_dirs
 from hpcrl.ckpt.verify import verify_files
+from hpcrl.distributed.collectives import all_gather_json, group_rank, max_over_ranks
 
 log = logging.getLogger(__name__)
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from hpcrl.ckpt.collectives import all_gather_json, group_rank, group_size
 from hpcrl.ckpt.manifest import ShardEntry, TensorEntry, rank_file
 from hpcrl.ckpt.shards import Box, ShardedTensor, ShardError, check_tiling, check_unique_names, dtype_name
+from hpcrl.distributed.collectives import all_gather_json, group_rank, group_size
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,6 @@ import torch
 import torch.distributed as dist
 
 from hpcrl import __version__
-from hpcrl.ckpt.collectives import any_rank
 from hpcrl.ckpt.commit import commit, prune, prune_rejected, remove_leftovers, tmp_dir
 from hpcrl.ckpt.integrity import file_digest, fsync_dir, write_durable, write_last
 from hpcrl.ckpt.manifest import MANIFEST, CheckpointError, FileEntry, Manifest, rank_file
@@ -35,6 +34,7 @@ from hpcrl.ckpt.plan import SavePlan
 from hpcrl.ckpt.rankfile import write_rank_file
 from hpcrl.ckpt.state import RunState
 from hpcrl.ckpt.verify import check_committed
+from hpcrl.distributed.collectives import any_rank
 
 _POLL_S = 0.005
 

@@ -31,7 +31,7 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
-from hpcrl.ckpt.collectives import collective_device
+from hpcrl.distributed.collectives import collective_device
 
 _DURATION = re.compile(r"^(?:(?:(\d+)-)?(\d+):)?(\d+):(\d+)$")
 

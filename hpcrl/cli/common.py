@@ -21,7 +21,7 @@ from typing import Any
 from hpcrl.config.schema import TypeMismatch, check_value, leaf_types
 from hpcrl.config.text_rules import text_problem
 from hpcrl.config.yaml_io import loads_yaml
-from hpcrl.errors import ConfigError, Problem, cut
+from hpcrl.errors import ConfigError, Problem, cut, printable
 from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.experiment.reference import reference
 from hpcrl.experiment.stage_kinds import STAGE_KINDS
@@ -125,3 +125,9 @@ def print_config_if_asked(args, sweep) -> bool:
         return False
     sys.stdout.write(sweep.elements[0].yaml_text())
     return True
+
+
+def print_notes(notes: list[str]) -> None:
+    """Notes of a check that passed (what it could not judge, what it assumed), one line each on stderr."""
+    for note in notes:
+        print(f"hpcrl: note: {printable(note)}", file=sys.stderr)

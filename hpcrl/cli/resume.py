@@ -12,16 +12,14 @@ checkpoints and logs), the manifest records the new fingerprint, and the new arr
 
 from __future__ import annotations
 
-import sys
-from types import SimpleNamespace
 from typing import Any
 
-from hpcrl.cli.common import add_override_arguments, overrides_from
-from hpcrl.cli.submit import memory_preflight
-from hpcrl.errors import ConfigError, Problem, printable
+from hpcrl.cli.common import add_override_arguments, overrides_from, print_notes
+from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.resolve import element_problems
 from hpcrl.launcher import preflight, sweeps
 from hpcrl.launcher.manifest import Manifest, load_manifest
+from hpcrl.launcher.memory_preflight import memory_preflight
 
 HELP = (
     "Resubmit the failed, cancelled, timed-out and lost elements of a sweep; --cluster.KEY VALUE "
@@ -49,8 +47,7 @@ def main(args) -> int:
         raise ConfigError(problems)
     notes: list[str] = []
     manifest = sweeps.refresh(load_manifest(args.sweep), notes)
-    for note in notes:
-        print(f"hpcrl: note: {printable(note)}", file=sys.stderr)
+    print_notes(notes)
     again = sweeps.resubmittable(manifest)
     if not again:
         _check_unused(manifest, overrides)
@@ -72,15 +69,15 @@ def main(args) -> int:
     if problems:
         raise ConfigError(problems)
     if not args.ignore_memory_plan:
-        problems = memory_preflight(SimpleNamespace(elements=elements))
-        if problems:
-            problems.append(Problem("see `hpcrl plan`; --ignore_memory_plan resubmits anyway"))
-            raise ConfigError(problems)
+        memory = memory_preflight(elements)
+        print_notes(memory.notes)
+        if memory.problems:
+            hint = Problem("see `hpcrl plan`; --ignore_memory_plan resubmits anyway")
+            raise ConfigError([*memory.problems, hint])
     arrays = None
     if manifest.executor == "slurm":
         checked = preflight.plan(elements, manifest.name, sweeps.slurm_folder(manifest), need_controller=True)
-        for note in checked.notes:
-            print(f"hpcrl: note: {printable(note)}", file=sys.stderr)
+        print_notes(checked.notes)
         if checked.problems:
             raise ConfigError(checked.problems)
         arrays = checked.arrays

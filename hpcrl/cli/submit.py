@@ -18,13 +18,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from hpcrl.cli.common import add_template_arguments, overrides_from, print_config_if_asked
+from hpcrl.cli.common import add_template_arguments, overrides_from, print_config_if_asked, print_notes
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.resolve import resolve
 from hpcrl.launcher import preflight, sweeps
-from hpcrl.plan.memory import ModelDimsUnavailable
-from hpcrl.plan.stages import plan_of
-from hpcrl.progress import DelayedProgress, Track, untracked
+from hpcrl.launcher.memory_preflight import memory_preflight
+from hpcrl.progress import DelayedProgress, Track
 
 HELP = "Submit a template's sweep as array job(s) (non-blocking); --dry-run renders the sbatch script only."
 
@@ -52,23 +51,6 @@ def add_arguments(parser) -> None:
     )
 
 
-def memory_preflight(sweep, track: Track = untracked) -> list[Problem]:
-    """Elements that the memory planner (hpcrl.plan) predicts not to fit, as problems (exit 2).
-
-    An element whose model dims can't be read here (an `hf_path` that exists only on the cluster) is
-    skipped with a note: the planner cannot judge it, and refusing it would block every such recipe."""
-    problems: list[Problem] = []
-    for element in track(sweep.elements, len(sweep.elements), "memory plan"):
-        try:
-            plan = plan_of(element.config)
-        except ModelDimsUnavailable as err:
-            print(f"hpcrl: memory preflight skipped for element {element.index}: {err}", file=sys.stderr)
-            continue
-        where = f"element {element.index} ({element.config_id})"
-        problems += [Problem(f"{where}: {text}", key="memory plan") for text in plan.problems()]
-    return problems
-
-
 def main(args) -> int:
     with DelayedProgress() as track:
         return _submit(args, track)
@@ -82,10 +64,11 @@ def _submit(args, track: Track) -> int:
         return 0
     sweep_dir, key = _sweep_dir(args, sweep)
     if not args.ignore_memory_plan:
-        problems = memory_preflight(sweep, track)
-        if problems:
-            problems.append(Problem("see `hpcrl plan TEMPLATE`; --ignore_memory_plan submits anyway"))
-            raise ConfigError(problems)
+        memory = memory_preflight(sweep.elements, track)
+        print_notes(memory.notes)
+        if memory.problems:
+            hint = Problem("see `hpcrl plan TEMPLATE`; --ignore_memory_plan submits anyway")
+            raise ConfigError([*memory.problems, hint])
     executor = sweep.elements[0].config.cluster.executor
     if args.dry_run:
         return _dry_run(sweep, sweep_dir, key, overrides, track)
@@ -97,7 +80,7 @@ def _submit(args, track: Track) -> int:
             sweep_dir / sweeps.SLURM_DIR,
             need_controller=True,
         )
-        _print_notes(checked.notes)
+        print_notes(checked.notes)
         if checked.problems:
             raise ConfigError(checked.problems)
         arrays = checked.arrays
@@ -127,11 +110,6 @@ def _sweep_dir(args, sweep) -> tuple[Path, str]:
     return sweep_dir, key
 
 
-def _print_notes(notes: list[str]) -> None:
-    for note in notes:
-        print(f"hpcrl: note: {note}", file=sys.stderr)
-
-
 def _dry_run(sweep, sweep_dir: Path, key: str, overrides: dict, track: Track) -> int:
     """Write configs, manifest and every array job's script inside `sweep_dir`; print every script."""
     elements = len(sweep.elements)
@@ -142,7 +120,7 @@ def _dry_run(sweep, sweep_dir: Path, key: str, overrides: dict, track: Track) ->
         need_controller=False,
         fit_to_cluster=sweep.elements[0].config.cluster.executor == "slurm",
     )
-    _print_notes(checked.notes)
+    print_notes(checked.notes)
     if checked.problems:
         print(
             f"hpcrl: warning: a submit would refuse this sweep ({len(checked.problems)} problem(s)):",

@@ -1,4 +1,5 @@
-"""The few collectives a save needs, over an explicitly passed process group, without pickle.
+"""The few collectives a checkpoint save and the async batch channel need, over an explicitly passed
+process group, without pickle.
 
 `group=None` means "this process alone" (a world of one): no torch.distributed call is made.
 Objects travel as UTF-8 JSON in uint8 tensors (torch's `all_gather_object` would pickle them).

@@ -21,6 +21,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from hpcrl.distributed.env import DistEnv, init_process_group
+
 
 class RankFailed(RuntimeError):
     """A rank raised; the message holds its traceback."""
@@ -71,8 +73,6 @@ def _rank_main(
 ) -> None:
     import torch
     import torch.distributed as dist
-
-    from hpcrl.distributed.env import DistEnv, init_process_group
 
     os.environ.clear()
     os.environ.update(environ)

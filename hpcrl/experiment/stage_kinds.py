@@ -56,6 +56,22 @@ class StageKind:
     (hpcrl.plan.stages)."""
 
 
+def accuracy_headline(
+    title: str, train: str, heldout: str, label: str, heldout_label: str = Headline.heldout_label
+) -> Headline:
+    """An offline stage's headline: an accuracy of the trained model (metric keys `train`, `heldout`),
+    one per step (no spread over a group), plotted to accuracy.png."""
+    return Headline(
+        title=title,
+        train=train,
+        heldout=heldout,
+        label=label,
+        heldout_label=heldout_label,
+        spread=None,
+        plot_file="accuracy.png",
+    )
+
+
 STAGE_KINDS: dict[str, StageKind] = {
     kind.name: kind
     for kind in (
@@ -74,14 +90,7 @@ STAGE_KINDS: dict[str, StageKind] = {
             sections=("dpo",),
             rules=dpo_rules,
             steps_key="dpo.steps",
-            headline=Headline(
-                title="DPO",
-                train="dpo/accuracy",
-                heldout="dpo/heldout_accuracy",
-                label="preference accuracy",
-                spread=None,
-                plot_file="accuracy.png",
-            ),
+            headline=accuracy_headline("DPO", "dpo/accuracy", "dpo/heldout_accuracy", "preference accuracy"),
         ),
         StageKind(
             name="sft",
@@ -89,14 +98,12 @@ STAGE_KINDS: dict[str, StageKind] = {
             sections=("sft",),
             rules=sft_rules,
             steps_key="sft.steps",
-            headline=Headline(
-                title="SFT",
-                train="sft/token_accuracy",
-                heldout="sft/heldout_exact_match",
-                label="token accuracy",
-                heldout_label="held-out exact match",
-                spread=None,
-                plot_file="accuracy.png",
+            headline=accuracy_headline(
+                "SFT",
+                "sft/token_accuracy",
+                "sft/heldout_exact_match",
+                "token accuracy",
+                "held-out exact match",
             ),
         ),
         StageKind(
@@ -106,14 +113,7 @@ STAGE_KINDS: dict[str, StageKind] = {
             rules=rm_rules,
             steps_key="rm.steps",
             model_prefix="reward.",
-            headline=Headline(
-                title="RM",
-                train="rm/accuracy",
-                heldout="rm/heldout_accuracy",
-                label="pairwise accuracy",
-                spread=None,
-                plot_file="accuracy.png",
-            ),
+            headline=accuracy_headline("RM", "rm/accuracy", "rm/heldout_accuracy", "pairwise accuracy"),
         ),
     )
 }

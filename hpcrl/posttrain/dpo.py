@@ -104,6 +104,11 @@ class DPODriver:
     heldout: TrainBatch
     heldout_ref_B: torch.Tensor | None = None
 
+    @property
+    def trained(self) -> PairWorker:
+        """The model the stage trains, checkpoints and exports: the policy (hpcrl.stages.trainer_stage)."""
+        return self.policy
+
     def step(self, step: int) -> dict[str, float]:
         start = time.perf_counter()
         batch = self.make_batch(self.sampler.next_batch(self.pairs_per_step))

@@ -83,6 +83,11 @@ class KTODriver:
     heldout_pairs: bool
     """Whether the held-out rows came as pairs (then pair accuracy is reported)."""
 
+    @property
+    def trained(self) -> RowWorker:
+        """The model the stage trains, checkpoints and exports: the policy (hpcrl.stages.trainer_stage)."""
+        return self.policy
+
     def step(self, step: int) -> dict[str, float]:
         start = time.perf_counter()
         rows = self.sampler.next_batch(self.rows_per_step)

@@ -18,9 +18,6 @@ Shape legend: B rows (2 per pair), N pairs, S tokens.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -33,7 +30,8 @@ from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.lifecycle import Lifecycle
 from hpcrl.posttrain.preference_losses import bradley_terry_loss
 from hpcrl.posttrain.preference_setup import PairWorker, pair_batch
-from hpcrl.stages.trainer_stage import run_trainer_stage, train_timing
+from hpcrl.posttrain.supervised import SupervisedDriver
+from hpcrl.stages.trainer_stage import run_trainer_stage
 from hpcrl.train.batch import TrainBatch
 from hpcrl.train.logprobs import last_token_scores_B
 from hpcrl.train.model import build_train_groups
@@ -56,30 +54,14 @@ class ScoreWorker(PairWorker):
         return last_token_scores_B(self.forward(batch).values_BT, batch.attention_mask_BT)
 
 
-@dataclass
-class RMDriver:
-    pairs_per_step: int
-    policy: ScoreWorker
-    """The reward model (named `policy` for hpcrl.stages.trainer_stage: the stage's trained model)."""
-    sampler: PromptSampler[PreferencePair]
-    make_batch: Callable[[list[PreferencePair]], TrainBatch]
-    heldout: TrainBatch
-
-    def step(self, step: int) -> dict[str, float]:
-        start = time.perf_counter()
-        batch = self.make_batch(self.sampler.next_batch(self.pairs_per_step))
-        stats = self.policy.update(batch, rm_loss)
-        return {"step": step, "rm/loss": stats.pop("loss"), **stats, **train_timing(start, batch)}
-
-    @torch.no_grad()
-    def evaluate(self, step: int) -> dict[str, float]:
-        score_B = self.policy.scores(self.heldout)
-        loss, stats = bradley_terry_loss(score_B[0::2], score_B[1::2])
-        metrics = {"rm/heldout_loss": float(loss), "rm/heldout_accuracy": stats.reward_accuracy}
-        return {"step": step, **metrics, "rm/heldout_margin": stats.reward_margin}
+def heldout_metrics(score_B: torch.Tensor) -> dict[str, float]:
+    """Held-out Bradley-Terry loss, accuracy and margin of rows (chosen_0, rejected_0, ...)."""
+    loss, stats = bradley_terry_loss(score_B[0::2], score_B[1::2])
+    metrics = {"rm/heldout_loss": float(loss), "rm/heldout_accuracy": stats.reward_accuracy}
+    return {**metrics, "rm/heldout_margin": stats.reward_margin}
 
 
-def build_rm_driver(cfg: ExperimentConfig) -> RMDriver:
+def build_rm_driver(cfg: ExperimentConfig) -> SupervisedDriver:
     tokenizer = model_tokenizer(cfg.model.hf_path, cfg.model.vocab_size)
     train, heldout = load_preference_splits(cfg.data, tokenizer, lengths=True)  # see toy_pairs
     unpaired = [i for i, row in enumerate(train + heldout) if not isinstance(row, PreferencePair)]
@@ -95,12 +77,16 @@ def build_rm_driver(cfg: ExperimentConfig) -> RMDriver:
         return pair_batch(pairs, tokenizer, cfg.data.max_prompt_length, context)
 
     make_batch(train)  # fail early on any pair too long for the model
-    return RMDriver(
-        pairs_per_step=cfg.rm.pairs_per_step,
-        policy=ScoreWorker(model, cfg.optim.micro_batch_size),
+    reward_model = ScoreWorker(model, cfg.optim.micro_batch_size)
+    return SupervisedDriver(
+        metric_prefix="rm",
+        rows_per_step=cfg.rm.pairs_per_step,
+        trained=reward_model,
+        loss_fn=rm_loss,
         sampler=PromptSampler(train, DataCursor(seed=cfg.data.shuffle_seed)),
         make_batch=make_batch,
         heldout=make_batch(heldout),
+        heldout_metrics=lambda batch: heldout_metrics(reward_model.scores(batch)),
     )
 
 

@@ -24,9 +24,6 @@ Shape legend: B rows, S prompt + answer tokens (right padded).
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -38,8 +35,9 @@ from hpcrl.data.tokenizer import model_tokenizer
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.lifecycle import Lifecycle
+from hpcrl.posttrain.supervised import SupervisedDriver
 from hpcrl.stages.sequences import example_batch
-from hpcrl.stages.trainer_stage import run_trainer_stage, train_timing
+from hpcrl.stages.trainer_stage import run_trainer_stage
 from hpcrl.train.batch import TrainBatch
 from hpcrl.train.logprobs import HeadOutputs
 from hpcrl.train.model import build_train_groups
@@ -68,26 +66,6 @@ def heldout_metrics(out: HeadOutputs, batch: TrainBatch) -> dict[str, float]:
     return {"sft/heldout_loss": float(loss), "sft/heldout_exact_match": float(exact)}
 
 
-@dataclass
-class SFTDriver:
-    examples_per_step: int
-    policy: TrainerWorker
-    sampler: PromptSampler[Example]
-    """Training rows in resumable shuffled order."""
-    make_batch: Callable[[list[Example]], TrainBatch]
-    heldout: TrainBatch
-
-    def step(self, step: int) -> dict[str, float]:
-        start = time.perf_counter()
-        batch = self.make_batch(self.sampler.next_batch(self.examples_per_step))
-        stats = self.policy.update(batch, sft_loss)
-        return {"step": step, "sft/loss": stats.pop("loss"), **stats, **train_timing(start, batch)}
-
-    @torch.no_grad()
-    def evaluate(self, step: int) -> dict[str, float]:
-        return {"step": step, **heldout_metrics(self.policy.forward(self.heldout), self.heldout)}
-
-
 def has_target(row: Example) -> bool:
     """Whether a row has tokens to learn: a flat row's answer, a chat row's assistant turn."""
     if row.conversation is None:
@@ -95,7 +73,7 @@ def has_target(row: Example) -> bool:
     return any(m.role == "assistant" for m in row.conversation)
 
 
-def build_sft_driver(cfg: ExperimentConfig) -> SFTDriver:
+def build_sft_driver(cfg: ExperimentConfig) -> SupervisedDriver:
     tokenizer = model_tokenizer(cfg.model.hf_path, cfg.model.vocab_size)
     train, heldout = load_splits(cfg.data, tokenizer)
     if not train or not heldout or not all(map(has_target, train + heldout)):
@@ -113,12 +91,16 @@ def build_sft_driver(cfg: ExperimentConfig) -> SFTDriver:
         return example_batch(rows, tokenizer, cfg.data.max_prompt_length, context)
 
     make_batch(train)  # fail early on any row too long for the model
-    return SFTDriver(
-        examples_per_step=cfg.sft.examples_per_step,
-        policy=TrainerWorker(policy, cfg.optim.micro_batch_size, balance_tokens=cfg.optim.balance_dp_tokens),
+    worker = TrainerWorker(policy, cfg.optim.micro_batch_size, balance_tokens=cfg.optim.balance_dp_tokens)
+    return SupervisedDriver(
+        metric_prefix="sft",
+        rows_per_step=cfg.sft.examples_per_step,
+        trained=worker,
+        loss_fn=sft_loss,
         sampler=PromptSampler(train, DataCursor(seed=cfg.data.shuffle_seed)),
         make_batch=make_batch,
         heldout=make_batch(heldout),
+        heldout_metrics=lambda batch: heldout_metrics(worker.forward(batch), batch),
     )
 
 

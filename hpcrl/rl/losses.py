@@ -1,4 +1,5 @@
-"""Policy, value, KL, entropy and DPO losses: small pure functions over masked token tensors.
+"""Policy, value, KL and entropy losses of RL: small pure functions over masked token tensors (the
+preference losses are hpcrl.posttrain.preference_losses).
 
 Shape legend: B = sequences, T = response tokens (right padded). `mask_BT` is 1.0 on real tokens.
 Aggregation takes an optional global denominator so that gradient accumulation over micro-batches and

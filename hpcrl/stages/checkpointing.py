@@ -37,13 +37,13 @@ from typing import TYPE_CHECKING
 import torch.distributed as dist
 
 from hpcrl.ckpt.checkpointer import Checkpointer
-from hpcrl.ckpt.collectives import all_gather_json, group_rank
 from hpcrl.ckpt.load import ForeignCheckpoint, Loaded, NoCheckpoint, load_checkpoint
 from hpcrl.ckpt.manifest import CheckpointError, Manifest
 from hpcrl.ckpt.megatron import load_into_trainer, model_extra, trainer_specs
 from hpcrl.ckpt.shards import ShardSpec
 from hpcrl.ckpt.state import RunState, restore_rng
 from hpcrl.ckpt.trigger import SaveTrigger, restart_count
+from hpcrl.distributed.collectives import all_gather_json, group_rank
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.lifecycle import Lifecycle

@@ -2,7 +2,7 @@
 its rank preamble, step loop, evaluations, checkpoints and headline, around the stage's own driver.
 
 A driver builds its trainer(s) and data from the config and offers `step(i)` (one update, its metrics)
-and `evaluate(i)` (held-out metrics of the policy as it is); its `policy.trainer` is checkpointed as
+and `evaluate(i)` (held-out metrics of the model as it is); its `trained.trainer` is checkpointed as
 its stage kind's model_prefix ("actor.", the reward model's "reward."; `hpcrl ckpt export --prefix`
 reads it) and its `sampler`'s cursor with it, so resume=auto continues from `latest` with every
 step logged once; a completed run exports that model to `<run_dir>/hf` (hpcrl.stages.export).
@@ -27,11 +27,14 @@ from hpcrl.stages.loop import run_steps
 from hpcrl.stages.rank import enter_rank, step_sleep_s
 from hpcrl.stages.stateful import DataCursorState
 from hpcrl.train.batch import TrainBatch
+from hpcrl.train.workers import TrainerWorker
 
 
 class TrainerStageDriver(Protocol):
-    policy: object
-    """A worker whose `trainer` is the policy's."""
+    @property
+    def trained(self) -> TrainerWorker:
+        """The worker of the model the stage trains (the policy, or the reward model)."""
+
     sampler: object
     """The training rows in resumable order (a PromptSampler)."""
 
@@ -78,12 +81,12 @@ def run_trainer_stage(
     logger = MetricsLogger(cfg.logging, run_dir, steps, is_main=rank == 0, headline=kind.headline)
 
     def step(index: int) -> dict:
-        # held-out metrics of the policy before this step's update (step 0: as initialised)
+        # held-out metrics of the model before this step's update (step 0: as initialised)
         metrics = driver.evaluate(index) if eval_every and index % eval_every == 0 else {}
         return metrics | driver.step(index)
 
-    final = driver.evaluate if eval_every else None  # the final policy, logged as step `steps`
-    parts = ({kind.model_prefix: driver.policy.trainer}, [DataCursorState(driver)])
+    final = driver.evaluate if eval_every else None  # the final model, logged as step `steps`
+    parts = ({kind.model_prefix: driver.trained.trainer}, [DataCursorState(driver)])
     last, plot = run_steps(
         cfg, run_dir, parts, logger, step, final, start,
         steps=steps, sleep_s=step_sleep_s(), lifecycle=lifecycle, export_prefix=kind.model_prefix,

@@ -125,8 +125,8 @@ def nccl_save_collectives(rank: int, world: int) -> tuple[bool, int, list]:
     import torch
     import torch.distributed as dist
 
-    from hpcrl.ckpt.collectives import all_gather_json, max_over_ranks
     from hpcrl.ckpt.trigger import SaveTrigger
+    from hpcrl.distributed.collectives import all_gather_json, max_over_ranks
 
     torch.cuda.set_device(rank % torch.cuda.device_count())
     group = dist.group.WORLD

@@ -23,8 +23,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hpcrl.ckpt.collectives import collective_device
 from hpcrl.data.tasks import Example
+from hpcrl.distributed.collectives import collective_device
 from hpcrl.rl.collector import RolloutBatch
 from hpcrl.rl.experience import Experience
 from hpcrl.rollout.base import GenerationOutput

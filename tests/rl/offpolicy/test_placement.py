@@ -35,12 +35,12 @@ from hpcrl.rl.offpolicy.channel import (
 )
 from hpcrl.rollout.base import GenerationOutput
 from tests.recovery._runs import final_tensors
-from tests.rl.offpolicy._ranks import jobs_then_double_buffer
 from tests.rl._job_ranks import run_named, tiny_config
+from tests.rl.offpolicy._ranks import jobs_then_double_buffer
 
 pytestmark = pytest.mark.dist
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 STEPS = 4
 ASYNC = {"placement.kind": "async", "cluster.tasks_per_node": 2}
 VOLATILE = ("time/", "share/", "tps/", "memory/")
