@@ -1,6 +1,6 @@
 """Published benchmark figures come from records, never from a hand: each docs/performance/<suite>/ holds
 the records of one named run (records/*.jsonl, as the suite's programs wrote them) and report.md, which
-must be exactly what `hpcrl bench report` writes from them; README's Performance section links every
+must be exactly what `hpcrl bench report` writes from them; docs/performance.md links every
 such report and types no figure table of its own."""
 
 from __future__ import annotations
@@ -29,9 +29,8 @@ def test_a_published_report_is_what_bench_report_writes_from_its_records(publish
     assert sorted(p.name for p in report.plots) == sorted(p.name for p in published.glob("*.png"))
 
 
-def test_readme_performance_links_every_report_and_types_no_figure_table():
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("\n## Performance\n", 1)[1].split("\n## ", 1)[0]
+def test_the_performance_page_links_every_report_and_types_no_figure_table():
+    section = (REPO / "docs" / "performance.md").read_text()
     for published in PUBLISHED:
-        assert f"({published.relative_to(REPO)}/report.md)" in section
+        assert f"({published.relative_to(REPO / 'docs')}/report.md)" in section
     assert [line for line in section.splitlines() if line.lstrip().startswith("|")] == []

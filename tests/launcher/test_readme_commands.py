@@ -1,6 +1,7 @@
-"""The README's example commands run as written: every cheap `hpcrl` / `launch/hpcrl-sbatch` line of its
-code blocks and inline code (--help, --help-config, expand, plan, submit --dry-run) exits 0, and the
-override example of the main job (`hpcrl run ... --parallel.tensor 2`) runs, two steps long.
+"""The documentation's example commands run as written (the README and every page of docs/): every cheap
+`hpcrl` / `launch/hpcrl-sbatch` line of their code blocks and inline code (--help, --help-config, expand,
+plan, submit --dry-run) exits 0, and the README's override example of the main job (`hpcrl run ...
+--parallel.tensor 2`) runs, two steps long.
 
 Synopsis lines (with placeholders such as TEMPLATE) and commands that train, submit or need a cluster
 are not run here; the list of what ran is checked to be non-trivial, so a README edit cannot silently
@@ -22,15 +23,18 @@ from hpcrl import cli
 
 REPO = Path(__file__).resolve().parents[2]
 README = (REPO / "README.md").read_text()
+DOC_PAGES = sorted((REPO / "docs").glob("*.md"))
+DOCS = "\n".join([README, *(page.read_text() for page in DOC_PAGES)])
+"""The README and the docs/ pages it links, read as one text."""
 PLACEHOLDER = re.compile(r"\b[A-Z][A-Z_]{2,}\b")  # TEMPLATE, SWEEP_DIR, CKPT: a synopsis, not a command
 RUN_EXAMPLE = "hpcrl run templates/grpo_tiny.yaml --algorithm.name rloo --parallel.tensor 2"
 
 
 def readme_commands() -> list[str]:
     """Every line of a fenced code block, and every inline code span, that starts an hpcrl command."""
-    blocks = re.findall(r"^```[a-z]*\n(.*?)^```", README, flags=re.MULTILINE | re.DOTALL)
+    blocks = re.findall(r"^```[a-z]*\n(.*?)^```", DOCS, flags=re.MULTILINE | re.DOTALL)
     lines = [line.strip().removeprefix("$ ") for block in blocks for line in block.splitlines()]
-    lines += re.findall(r"`([^`\n]+)`", README)
+    lines += re.findall(r"`([^`\n]+)`", DOCS)
     starts = ("hpcrl ", "launch/hpcrl-sbatch ")
     return list(dict.fromkeys(line for line in lines if line.startswith(starts)))
 
@@ -77,7 +81,7 @@ def shown_tables() -> list[tuple[str, list[str], list[list[str]]]]:
     it in its code block, the header cells, the row cells): rows are the lines starting with '│' after a
     '┃' header (a trailing '...' cell says columns were left out)."""
     out = []
-    for block in re.findall(r"^```[a-z]*\n(.*?)^```", README, flags=re.MULTILINE | re.DOTALL):
+    for block in re.findall(r"^```[a-z]*\n(.*?)^```", DOCS, flags=re.MULTILINE | re.DOTALL):
         template, header, rows = None, None, []
         for line in block.splitlines():
             if line.startswith("$ "):
@@ -116,7 +120,7 @@ def test_ids_and_values_the_readme_shows_are_the_real_ones(shown, capsys, monkey
                 assert value == str(element["swept"][key]), (template, key, row)
 
 
-SHOWN_RUN_DIRS = re.findall(r"runs/(\w+)/([0-9a-f]{10})\b", README)
+SHOWN_RUN_DIRS = re.findall(r"runs/(\w+)/([0-9a-f]{10})\b", DOCS)
 
 
 def test_the_run_dirs_the_readme_shows_are_the_templates_config_ids(capsys, monkeypatch):
@@ -140,3 +144,12 @@ def test_the_override_example_of_the_main_job_runs(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.startswith("run dir: ")
     assert "step 2/2" in done.stdout + done.stderr
+
+
+def test_the_readme_is_short_and_links_every_docs_page():
+    """What it is, the two commands, the stages, the commands and the architecture fit one page a
+    newcomer reads (<= 250 lines); the rest lives in docs/, each page linked from it."""
+    assert len(README.splitlines()) <= 250
+    assert DOC_PAGES
+    for page in DOC_PAGES:
+        assert f"](docs/{page.name})" in README, page.name
