@@ -106,3 +106,24 @@ def reference(prefix: str = "") -> str:
         "that stage alone (`stage:`); --help-config STAGE lists only what one stage reads.\n\n"
     )
     return intro + "\n".join(chosen).rstrip("\n").lstrip("\n") + "\n"
+
+
+REFERENCE_PAGE = "docs/config-reference.md"
+"""Where the reference is published, relative to the repository (`python -m hpcrl.experiment.reference`
+writes it; a test checks it is what this module makes today, so the page cannot drift from the fields)."""
+
+
+def reference_page() -> str:
+    """REFERENCE_PAGE's text: the whole reference in a code block under a title."""
+    return (
+        "# Config reference\n\n"
+        "Generated from the config dataclasses (each key's type, default and the docstring under its field) by\n"
+        "`python -m hpcrl.experiment.reference`; `hpcrl submit --help-config [PREFIX|STAGE]` prints the same.\n\n"
+        f"```text\n{reference()}```\n"
+    )
+
+
+if __name__ == "__main__":
+    from pathlib import Path
+
+    Path(REFERENCE_PAGE).write_text(reference_page())
