@@ -29,14 +29,24 @@ def main(ckpt_root: str, result_path: str, step_s: float, safety: float) -> None
     weights = torch.arange(1024, dtype=torch.float32)
     checkpointer = Checkpointer(ckpt_root, async_save=False)
     boundaries = []
+    slowest_step_s = 0.0
     for step in range(1, 100):
         step_start = time.monotonic()
         time.sleep(step_s)  # the "training step"
         weights += 1
-        trigger.record_step(time.monotonic() - step_start)
+        took = time.monotonic() - step_start
+        trigger.record_step(took)
+        slowest_step_s = max(slowest_step_s, took)
         left = trigger.time_left()
         decision = trigger.decide(step, None)
-        boundaries.append({"step": step, "time_left_s": left, "reasons": list(decision.reasons)})
+        boundaries.append(
+            {
+                "step": step,
+                "time_left_s": left,
+                "slowest_step_s": slowest_step_s,
+                "reasons": list(decision.reasons),
+            }
+        )
         if decision.save:
             save_start = time.monotonic()
             checkpointer.save(step, [ShardedTensor.whole("w", weights)], RunState(step=step))
