@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from hpcrl.errors import Problem
+
 
 @dataclass(kw_only=True)
 class CheckpointConfig:
@@ -50,7 +52,7 @@ class CheckpointConfig:
     """Rank 0 waits this long for every rank's file of a save before the save fails (not committed)."""
 
 
-def checkpoint_problems(cfg: CheckpointConfig) -> list[tuple[str, str]]:
+def checkpoint_problems(cfg: CheckpointConfig) -> list[Problem]:
     """The counts of this section, as (dotted key, message): checked at expand/submit, not first on the
     ranks (a Checkpointer refuses them too)."""
     rules = [
@@ -62,7 +64,7 @@ def checkpoint_problems(cfg: CheckpointConfig) -> list[tuple[str, str]]:
         ("checkpoint.keep_last", cfg.keep_last >= 1, f"must be >= 1, got {cfg.keep_last}"),
         ("checkpoint.keep_rejected", cfg.keep_rejected >= 0, f"must be >= 0, got {cfg.keep_rejected}"),
     ]
-    return [(key, message) for key, ok, message in rules if not ok]
+    return [Problem(message, key=key) for key, ok, message in rules if not ok]
 
 
 def checkpoint_root(cfg: CheckpointConfig, run_dir: str | Path) -> Path:

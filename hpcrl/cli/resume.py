@@ -12,6 +12,7 @@ checkpoints and logs), the manifest records the new fingerprint, and the new arr
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from hpcrl.cli.common import add_override_arguments, overrides_from, print_notes
@@ -63,8 +64,10 @@ def main(args) -> int:
     if not problems:  # every rule a submit checks, on the configs as they will run
         for entry, element in zip(again, elements, strict=True):
             problems += [
-                Problem(message, "command line" if _overridden(key, overrides) else entry.config_path, key)
-                for key, message in element_problems(element.config, element.data)
+                dataclasses.replace(
+                    p, file="command line" if _overridden(p.key, overrides) else entry.config_path
+                )
+                for p in element_problems(element.config, element.data)
             ]
     if problems:
         raise ConfigError(problems)
@@ -113,9 +116,9 @@ def _check_unused(manifest: Manifest, overrides: dict[str, Any]) -> None:
                 raise ConfigError(mine) from None
             continue
         problems = [
-            Problem(message, "command line", key)
-            for key, message in element_problems(element.config, element.data)
-            if _overridden(key, overrides)
+            dataclasses.replace(p, file="command line")
+            for p in element_problems(element.config, element.data)
+            if _overridden(p.key, overrides)
         ]
         if problems:
             raise ConfigError(problems)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 from hpcrl.cluster.config import ClusterConfig
-from hpcrl.errors import short
+from hpcrl.errors import Problem, short
 
 _DIRECTIVE_SAFE = re.compile(r"[\w.,:&|!*+\[\]()@/%=-]+")
 _ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
@@ -93,7 +93,7 @@ tools, CUDA_INJECTION64_PATH a library, NCCL_DEBUG_FILE writes a file, TORCH_EXT
 code, HF_HOME holds downloaded remote code. They need `env_allow`."""
 
 
-def env_problems(env: dict[str, str], allow: list[str] | tuple[str, ...] = ()) -> list[tuple[str, str]]:
+def env_problems(env: dict[str, str], allow: list[str] | tuple[str, ...] = ()) -> list[Problem]:
     """`cluster.env` names that are not plain upper-case names, that steer code, or that are neither
     known-safe (`env_name_is_safe`) nor in `allow` (cluster.env_allow), as (key, message). Then the
     `allow` names themselves: plain names, none of them one that steers code.
@@ -105,21 +105,21 @@ def env_problems(env: dict[str, str], allow: list[str] | tuple[str, ...] = ()) -
         key = f"cluster.env.{name}"
         refusal = _steering(name)
         if refusal:
-            out.append((key, refusal))
+            out.append(Problem(refusal, key=key))
         elif not (env_name_is_safe(name) or name in allow):
             out.append(
-                (
-                    key,
+                Problem(
                     f"{name} is not a known-safe name (OMP_*, NCCL_*, CUDA_*, TORCH_*, HF_*, ... with no "
                     "path, file, directory, library or plugin part: hpcrl.cluster.rules.ENV_SAFE_PREFIXES): if "
                     f"it only tunes how the job runs, accept it with --cluster.env_allow '[{name}]' or in a "
                     "cluster profile's env_allow",
+                    key=key,
                 )
             )
     for name in allow:
         refusal = _steering(name)
         if refusal:
-            out.append(("cluster.env_allow", f"{short(name)}: cannot be allowed: {refusal}"))
+            out.append(Problem(f"{short(name)}: cannot be allowed: {refusal}", key="cluster.env_allow"))
     return out
 
 
@@ -146,23 +146,27 @@ def _steering(name: str) -> str | None:
     return None
 
 
-def check_cluster(cluster: ClusterConfig) -> list[tuple[str, str]]:
+def check_cluster(cluster: ClusterConfig) -> list[Problem]:
     """Values that cannot safely become sbatch directives or shell names, as (dotted key, message)."""
     out = []
     for name in DIRECTIVE_FIELDS:
         value = getattr(cluster, name)
         if value is not None and not _DIRECTIVE_SAFE.fullmatch(value):
-            out.append((f"cluster.{name}", f"{short(value)} has characters Slurm does not use in a {name}"))
+            out.append(
+                Problem(
+                    f"{short(value)} has characters Slurm does not use in a {name}", key=f"cluster.{name}"
+                )
+            )
     out += env_problems(cluster.env, cluster.env_allow)
     for module in cluster.modules:
         if not _MODULE_NAME.fullmatch(module):
-            out.append(("cluster.modules", f"{short(module)} is not a module name"))
+            out.append(Problem(f"{short(module)} is not a module name", key="cluster.modules"))
     if cluster.container is not None and not _MODULE_NAME.fullmatch(cluster.container):
-        out.append(("cluster.container", f"{short(cluster.container)} is not an image reference"))
+        out.append(Problem(f"{short(cluster.container)} is not an image reference", key="cluster.container"))
     return out + _range_problems(cluster)
 
 
-def _range_problems(cluster: ClusterConfig) -> list[tuple[str, str]]:
+def _range_problems(cluster: ClusterConfig) -> list[Problem]:
     """Numbers sbatch would take as given (`--mem=-10GB`) or that break the job's own schedule: the
     warning signal must come inside the time limit, or the job is told to save and stop the moment it
     starts (USR2@300 on a 1-minute job was killed after 8 s, FAILED)."""
@@ -187,7 +191,7 @@ def _range_problems(cluster: ClusterConfig) -> list[tuple[str, str]]:
         ),
         ("cluster.stop_grace_s", cluster.stop_grace_s >= 0, f"must be >= 0, got {cluster.stop_grace_s}"),
     ]
-    return [(key, message) for key, ok, message in rules if not ok]
+    return [Problem(message, key=key) for key, ok, message in rules if not ok]
 
 
 MAX_COUNTS = {

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from hpcrl.errors import short
+from hpcrl.errors import Problem, short
 
 MAX_TEXT_CHARS = 4096
 """Longest config string (an env value, a setup line, a task name)."""
@@ -68,7 +68,7 @@ def path_problem(value: str) -> str | None:
     return None
 
 
-def string_problems(plain: dict[str, Any]) -> list[tuple[str, str]]:
+def string_problems(plain: dict[str, Any]) -> list[Problem]:
     """Every string of a resolved config (as plain data) that breaks its rule, as (dotted key, message).
 
     Mapping keys are not checked here: the only mapping field is `cluster.env`, whose names have their
@@ -77,7 +77,7 @@ def string_problems(plain: dict[str, Any]) -> list[tuple[str, str]]:
     for key, value in _strings(plain, ""):
         problem = path_problem(value) if key in PATH_KEYS else text_problem(value)
         if problem:
-            out.append((key, problem))
+            out.append(Problem(problem, key=key))
     return out
 
 

@@ -185,15 +185,15 @@ def _check_elements(
     The strings of the base config are checked once, those of each element's sweep values per element:
     an element's strings are exactly these (element_problems checks a whole config, for `resume`)."""
     failures = _Failures()
-    for key, message in string_problems(maker.base_data):
-        if not _is_swept(key, plan.keys):  # else no element has the base's value
-            failures.add(key, message, range(len(plan)), len(plan))
+    for problem in string_problems(maker.base_data):
+        if not _is_swept(problem.key, plan.keys):  # else no element has the base's value
+            failures.add(problem.key, problem.message, range(len(plan)), len(plan))
     ids: list[str] = []
     for index, assignment in enumerate(track(plan.assignments(), len(plan), "checking configs")):
         element = maker.make(index, assignment)
         swept_data = {key: get_dotted(element.data, key) for key in assignment}
-        for key, message in (*config_rules(element.config), *string_problems(swept_data)):
-            failures.add(key, message, (index,), 1)
+        for problem in (*config_rules(element.config), *string_problems(swept_data)):
+            failures.add(problem.key, problem.message, (index,), 1)
         ids.append(element.config_id)
     return ids, failures.problems(plan, template, len(plan))
 
@@ -203,8 +203,8 @@ def _is_swept(key: str, swept: list[str]) -> bool:
     return any(key == k or key.startswith(f"{k}.") for k in swept)
 
 
-def element_problems(cfg: ExperimentConfig, plain: dict[str, Any] | None = None) -> list[tuple[str, str]]:
-    """Every rule one resolved config must pass, as (dotted key, message): the cross-field rules and the
+def element_problems(cfg: ExperimentConfig, plain: dict[str, Any] | None = None) -> list[Problem]:
+    """Every rule one resolved config must pass, each problem naming its dotted key: the cross-field rules and the
     text rule of every string. Checks each config `hpcrl resume` submits again (its config.yaml may have
     been edited since); `resolve` applies the same rules per element, the strings split as it says."""
     return [*config_rules(cfg), *string_problems(stage_data(to_dict(cfg)) if plain is None else plain)]

@@ -40,23 +40,24 @@ def gpus_per_node(cfg: ExperimentConfig) -> int:
     return cfg.cluster.gpus_per_node
 
 
-StageRules = Callable[[ExperimentConfig], list[tuple[str, str]]]
+StageRules = Callable[[ExperimentConfig], list[Problem]]
 """A stage's own rules (hpcrl.experiment.stage_kinds names each stage's)."""
 
 
-def check_rules(cfg: ExperimentConfig, stage_rules: StageRules) -> list[tuple[str, str]]:
-    """All cross-field problems of one config, as (dotted key, message): the shared sections' rules, then
+def check_rules(cfg: ExperimentConfig, stage_rules: StageRules) -> list[Problem]:
+    """All cross-field problems of one config, each naming its dotted key (the caller names the file that set
+    it): the shared sections' rules, then
     `stage_rules` (those of the sections only its stage reads) once the layout's counts are sound."""
-    out: list[tuple[str, str]] = []
+    out: list[Problem] = []
     par, cl = cfg.parallel, cfg.cluster
     for key in ("tensor", "pipeline", "data", "rollout_tensor", "rollout_pipeline"):
         if getattr(par, key) < 1:
-            out.append((f"parallel.{key}", f"must be >= 1, got {getattr(par, key)}"))
+            out.append(Problem(f"must be >= 1, got {getattr(par, key)}", key=f"parallel.{key}"))
     for key in ("nodes", "tasks_per_node", "cpus_per_task", "time_min", "array_parallelism"):
         if getattr(cl, key) is not None and getattr(cl, key) < 1:  # cpus_per_task None: from the node
-            out.append((f"cluster.{key}", f"must be >= 1, got {getattr(cl, key)}"))
+            out.append(Problem(f"must be >= 1, got {getattr(cl, key)}", key=f"cluster.{key}"))
     if cl.max_requeues < 0:
-        out.append(("cluster.max_requeues", f"must be >= 0, got {cl.max_requeues}"))
+        out.append(Problem(f"must be >= 0, got {cl.max_requeues}", key="cluster.max_requeues"))
     if out:
         return out  # the layout rules below divide by these
     out += placement_rules(cfg)
@@ -66,24 +67,24 @@ def check_rules(cfg: ExperimentConfig, stage_rules: StageRules) -> list[tuple[st
     if ranks != cfg.ranks_per_element:
         keys, sizes = placement_of(cfg.placement).ranks_formula(par, cfg.placement)
         out.append(
-            (
-                "cluster.nodes",
+            Problem(
                 f"layout mismatch: cluster.nodes*cluster.tasks_per_node = {cl.nodes}*{cl.tasks_per_node} = {ranks} "
                 f"ranks, but {keys} = {sizes} = {cfg.ranks_per_element}",
+                key="cluster.nodes",
             )
         )
     if par.tensor % par.rollout_tensor:
         out.append(
-            (
-                "parallel.rollout_tensor",
+            Problem(
                 f"rollout_tensor={par.rollout_tensor} must divide parallel.tensor={par.tensor}",
+                key="parallel.rollout_tensor",
             )
         )
     if par.pipeline % par.rollout_pipeline:
         out.append(
-            (
-                "parallel.rollout_pipeline",
+            Problem(
                 f"rollout_pipeline={par.rollout_pipeline} must divide parallel.pipeline={par.pipeline}",
+                key="parallel.rollout_pipeline",
             )
         )
     gpus = gpus_per_node(cfg)
@@ -91,34 +92,36 @@ def check_rules(cfg: ExperimentConfig, stage_rules: StageRules) -> list[tuple[st
         total = gpus * cl.nodes
         if cl.tasks_per_node != gpus:
             out.append(
-                (
-                    "cluster.tasks_per_node",
+                Problem(
                     f"one rank per GPU: tasks_per_node={cl.tasks_per_node} but each node has {gpus} GPUs",
+                    key="cluster.tasks_per_node",
                 )
             )
         if total % (par.tensor * par.pipeline):
             out.append(
-                (
-                    "parallel.tensor",
+                Problem(
                     f"layout does not divide the GPU count: parallel.tensor*parallel.pipeline = "
                     f"{par.tensor * par.pipeline} does not divide {total} GPUs "
                     f"(cluster.nodes={cl.nodes} x {gpus} per node)",
+                    key="parallel.tensor",
                 )
             )
     out += _model_rules(cfg) + stage_rules(cfg) + checkpoint_problems(cfg.checkpoint)
     if cfg.entrypoint is not None and not _ENTRYPOINT.fullmatch(cfg.entrypoint):
-        out.append(("entrypoint", f"expected 'package.module:function', got {short(cfg.entrypoint)}"))
+        out.append(
+            Problem(f"expected 'package.module:function', got {short(cfg.entrypoint)}", key="entrypoint")
+        )
     out += _name_rules(cfg.name) + _required_rules(cfg)
     return out + check_cluster(cfg.cluster)
 
 
-def _model_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
+def _model_rules(cfg: ExperimentConfig) -> list[Problem]:
     """The layout's divisibility rules for the model (ParallelLayout owns them: heads, kv heads vs t and
     t_g, vocab, ffn, layers)."""
 
     par = cfg.parallel
     ranges = model_range_problems(cfg.model)
-    problems = [Problem(message, key=key) for key, message in ranges]
+    problems = list(ranges)
     try:
         layout = ParallelLayout.from_config(par)
     except ConfigError:
@@ -127,10 +130,10 @@ def _model_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
     problems += model_file_problems
     if layout is not None and model is not None and not ranges:  # they divide by these dims
         problems += model_problems(layout, model)
-    return [(p.key or "parallel", p.message) for p in problems]
+    return [Problem(p.message, key=p.key or "parallel") for p in problems]
 
 
-def rl_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
+def rl_rules(cfg: ExperimentConfig) -> list[Problem]:
     """The RL stage's sections: sampling, the algorithm, whether an engine runs the generation layout,
     the reward and the token budget (which must hold a prompt and its response)."""
     return (
@@ -144,19 +147,21 @@ def rl_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
     )
 
 
-def _data_rules(cfg: ExperimentConfig, *, preference: PreferenceReader | None) -> list[tuple[str, str]]:
+def _data_rules(cfg: ExperimentConfig, *, preference: PreferenceReader | None) -> list[Problem]:
     """The data file's rows, when the file is here (hpcrl.data.validate)."""
     m = cfg.model
     problems = data_file_problems(cfg.data, preference=preference, hf_path=m.hf_path, vocab_size=m.vocab_size)
-    return [(p.key or "data.path", f"{p.file}: {p.message}" if p.file else p.message) for p in problems]
+    return [
+        Problem(f"{p.file}: {p.message}" if p.file else p.message, key=p.key or "data.path") for p in problems
+    ]
 
 
-def dpo_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
+def dpo_rules(cfg: ExperimentConfig) -> list[Problem]:
     """The preference stage's section, and what it asks of the batch: rows reach DP ranks and
     micro-batches by count (sigmoid and ipo keep each (chosen, rejected) pair together: an even
     micro-batch), and every DP rank gets a row."""
     dpo = cfg.dpo
-    out = [(p.key or "dpo", p.message) for p in dpo_problems(dpo)]
+    out = [Problem(p.message, key=p.key or "dpo") for p in dpo_problems(dpo)]
     paired = dpo.loss_type != "kto"
     rows = dpo.pairs_per_step if paired else 2 * dpo.pairs_per_step
     why = f"dpo.loss_type {dpo.loss_type}"
@@ -167,9 +172,9 @@ def dpo_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
     )
 
 
-def rm_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
+def rm_rules(cfg: ExperimentConfig) -> list[Problem]:
     """The reward-model stage's section, and the pair batch it trains on (as dpo_rules)."""
-    out = [(p.key or "rm", p.message) for p in rm_problems(cfg.rm)]
+    out = [Problem(p.message, key=p.key or "rm") for p in rm_problems(cfg.rm)]
     pairs = cfg.rm.pairs_per_step
     return (
         out
@@ -178,42 +183,44 @@ def rm_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
     )
 
 
-def _row_batch_rules(
-    cfg: ExperimentConfig, key: str, units: int, paired: bool, why: str
-) -> list[tuple[str, str]]:
+def _row_batch_rules(cfg: ExperimentConfig, key: str, units: int, paired: bool, why: str) -> list[Problem]:
     """A batch dispatched by rows (whole pairs when `paired`): no token balancing or budget, an even
     micro-batch for pairs, and at least one of the step's `units` per DP rank."""
     optim, ranks = cfg.optim, cfg.parallel.data
     out = []
     if optim.balance_dp_tokens:
-        out.append(("optim.balance_dp_tokens", f"{why} dispatches rows to DP ranks by count"))
+        out.append(Problem(f"{why} dispatches rows to DP ranks by count", key="optim.balance_dp_tokens"))
     if optim.max_tokens_per_micro_batch is not None:
         message = f"{why} cuts micro-batches by rows: use optim.micro_batch_size"
-        out.append(("optim.max_tokens_per_micro_batch", message))
+        out.append(Problem(message, key="optim.max_tokens_per_micro_batch"))
     if paired and optim.micro_batch_size % 2:
         message = (
             f"must be even for {why} (a micro-batch holds whole chosen/rejected pairs), "
             f"got {optim.micro_batch_size}"
         )
-        out.append(("optim.micro_batch_size", message))
+        out.append(Problem(message, key="optim.micro_batch_size"))
     if 1 <= units < ranks:
         unit = "pairs" if paired else "rows"
-        out.append((key, f"{units} {unit} per step leave some of the {ranks} DP ranks empty"))
+        out.append(Problem(f"{units} {unit} per step leave some of the {ranks} DP ranks empty", key=key))
     return out
 
 
-def sft_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
+def sft_rules(cfg: ExperimentConfig) -> list[Problem]:
     """The SFT stage's section, and one row per DP rank at least."""
-    out = [(p.key or "sft", p.message) for p in sft_problems(cfg.sft)] + _data_rules(cfg, preference=None)
+    out = [Problem(p.message, key=p.key or "sft") for p in sft_problems(cfg.sft)] + _data_rules(
+        cfg, preference=None
+    )
     rows, ranks = cfg.sft.examples_per_step, cfg.parallel.data
     if 1 <= rows < ranks:
         out.append(
-            ("sft.examples_per_step", f"{rows} rows per step leave some of the {ranks} DP ranks empty")
+            Problem(
+                f"{rows} rows per step leave some of the {ranks} DP ranks empty", key="sft.examples_per_step"
+            )
         )
     return out
 
 
-def _frozen_model_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
+def _frozen_model_rules(cfg: ExperimentConfig) -> list[Problem]:
     """The frozen models a job loads from a directory of their own (hpcrl.experiment.frozen_models: the
     distillation teacher, a megatron reward model): their layout keys are read only where the model is
     there, and t_F * p_F divides the pool's t * p * d ranks; where config.json is readable here (else
@@ -227,7 +234,7 @@ def _frozen_model_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
         bad = [
             (k, v) for k, v in zip(frozen.layout_keys, (frozen.tensor, frozen.pipeline), strict=True) if v < 1
         ]
-        out += [(k, f"must be >= 1, got {v}") for k, v in bad]
+        out += [Problem(f"must be >= 1, got {v}", key=k) for k, v in bad]
         if bad:
             continue
         if ranks % (frozen.tensor * frozen.pipeline):
@@ -235,16 +242,17 @@ def _frozen_model_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
                 f"the {frozen.who}'s t*p = {frozen.tensor}*{frozen.pipeline} does not divide the "
                 f"{ranks} ranks of its pool (parallel.tensor * pipeline * data)"
             )
-            out.append((t_key, message))
+            out.append(Problem(message, key=t_key))
             continue
         layout = ParallelLayout(tensor=frozen.tensor, pipeline=frozen.pipeline, data=frozen.data(ranks))
         out += [
-            (frozen.path_key, m) for m in _frozen_model_problems(frozen.model, frozen.who, student, layout)
+            Problem(m, key=frozen.path_key)
+            for m in _frozen_model_problems(frozen.model, frozen.who, student, layout)
         ]
     return out
 
 
-def _unread_layout_keys(cfg: ExperimentConfig) -> list[tuple[str, str]]:
+def _unread_layout_keys(cfg: ExperimentConfig) -> list[Problem]:
     """A frozen model's layout key set where that model is not in the job (it would be ignored)."""
     present = {f.role for f in frozen_models(cfg)}
     algo, reward = cfg.algorithm, cfg.reward
@@ -255,7 +263,7 @@ def _unread_layout_keys(cfg: ExperimentConfig) -> list[tuple[str, str]]:
         ("reward", "reward.model_pipeline", reward.model_pipeline, "reward.model_backend: megatron"),
     )
     return [
-        (key, f"only {who} reads it (this job has no such model)")
+        Problem(f"only {who} reads it (this job has no such model)", key=key)
         for role, key, value, who in keys
         if value is not None and role not in present
     ]
@@ -280,7 +288,7 @@ def _prefixed(problem: Problem, who: str) -> str:
     return f"the {who}'s {where}: {problem.message}" if where else f"the {who}: {problem.message}"
 
 
-def _engine_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
+def _engine_rules(cfg: ExperimentConfig) -> list[Problem]:
     """Whether the rollout engine can run the generation layout (hpcrl.rollout.engine_rule decides)."""
     par = cfg.parallel
     model, _ = _model_dims(cfg.model)
@@ -294,7 +302,7 @@ def _engine_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
         facts,
         split_placement=split,
     )[1]
-    return [(p.key or "parallel", p.message) for p in problems]
+    return [Problem(p.message, key=p.key or "parallel") for p in problems]
 
 
 MODEL_COUNT_BOUNDS = {
@@ -311,7 +319,7 @@ MODEL_COUNT_BOUNDS = {
 planner would size it (`hpcrl plan` reported '-40 parameters, fits' for vocab -6)."""
 
 
-def model_range_problems(model: ModelConfig) -> list[tuple[str, str]]:
+def model_range_problems(model: ModelConfig) -> list[Problem]:
     """The model's sizes set here (null ones come from config.json) are counts in [1, bound], the
     width splits evenly into heads, and the RoPE base and norm epsilon are positive finite numbers. Before
     this, `--model.num_attention_heads 0` was a ZeroDivisionError in `plan` and on the ranks, and a
@@ -320,19 +328,19 @@ def model_range_problems(model: ModelConfig) -> list[tuple[str, str]]:
     for name, bound in MODEL_COUNT_BOUNDS.items():
         value = getattr(model, name)
         if value is not None and not 1 <= value <= bound:
-            out.append((f"model.{name}", f"must be in [1, {bound:,}], got {short(value)}"))
+            out.append(Problem(f"must be in [1, {bound:,}], got {short(value)}", key=f"model.{name}"))
     heads, hidden = model.num_attention_heads, model.hidden_size
     if not out and heads is not None and hidden is not None and hidden % heads:
         out.append(
-            (
-                "model.hidden_size",
+            Problem(
                 f"hidden_size={hidden} does not split into num_attention_heads={heads} heads",
+                key="model.hidden_size",
             )
         )
     for name in ("rope_theta", "rms_norm_eps"):
         value = getattr(model, name)
         if value is not None and not 0 < value < float("inf"):
-            out.append((f"model.{name}", f"must be a positive finite number, got {short(value)}"))
+            out.append(Problem(f"must be a positive finite number, got {short(value)}", key=f"model.{name}"))
     return out
 
 
@@ -358,7 +366,7 @@ def _model_dims(model: ModelConfig) -> tuple[ModelConfig | None, list[Problem]]:
 
 def _under_hf_path(problem: Problem) -> Problem:
     """A problem found in config.json, reported under `model.hf_path` with the file (and its key) in the
-    message: the rules' (key, message) pairs are placed in the template by their key."""
+    message: the rules' problems are placed in the template by their key."""
     if problem.key is not None and problem.key.startswith("model.") and problem.file is None:
         return problem  # a template key (dims that contradict config.json: the message names the file)
     where = ":".join(part for part in (problem.file, problem.key) if part and part != "model.hf_path")
@@ -372,23 +380,25 @@ def _with_hf_architecture(fields: tuple[tuple[str, object], ...]) -> ModelConfig
     return with_hf_architecture(ModelConfig(**dict(fields)), need=())
 
 
-def placement_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
+def placement_rules(cfg: ExperimentConfig) -> list[Problem]:
     """The placement's own keys (hpcrl.distributed.placement) and what it asks of the other sections:
     a second pool needs a role to host (a critic, a distillation teacher, or a reference when
     kl_coef > 0); off-policy samples (async, m >= 1) need the truncated importance
     weight, which corrects the PPO ratio for the stale behaviour policy."""
     placement = placement_of(cfg.placement)
-    out = [(p.key or "placement", p.message) for p in placement.problems(cfg.parallel, cfg.placement)]
+    out = [
+        Problem(p.message, key=p.key or "placement") for p in placement.problems(cfg.parallel, cfg.placement)
+    ]
     algo = cfg.algorithm
     spec = ALGORITHMS.get(algo.name)
     megatron_rm = megatron_reward_model(cfg.reward, cfg.model) is not None
     hosted = spec is not None and (spec.needs_critic or spec.needs_teacher or algo.kl_coef > 0 or megatron_rm)
     if placement.models_pool and spec is not None and not hosted:
         out.append(
-            (
-                "placement.kind",
+            Problem(
                 f"split placement puts the critic, the reference, the teacher and a megatron reward model on "
                 f"their own pool, but {algo.name} with kl_coef=0 has none of them (use colocated)",
+                key="placement.kind",
             )
         )
     if placement.rollout_pool and megatron_rm:
@@ -396,20 +406,20 @@ def placement_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
             f"placement {cfg.placement.kind} scores on its rollout pool, where no megatron reward model runs: "
             "use reward.model_backend hf (or the colocated / split placement)"
         )
-        out.append(("reward.model_backend", message))
+        out.append(Problem(message, key="reward.model_backend"))
     m = cfg.placement.max_off_policy_steps
     if placement.off_policy and m >= 1 and algo.tis_cap is None:
         out.append(
-            (
-                "algorithm.tis_cap",
+            Problem(
                 f"max_off_policy_steps={m} trains on samples of older weights: the truncated importance weight "
                 "min(pi_old / pi_rollout, tis_cap) corrects for them, set tis_cap (e.g. 2.0)",
+                key="algorithm.tis_cap",
             )
         )
     return out
 
 
-def _sampling_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
+def _sampling_rules(cfg: ExperimentConfig) -> list[Problem]:
     """The rollout's sampling settings (every engine reads them)."""
     r = cfg.rollout
     rules = [
@@ -427,62 +437,73 @@ def _sampling_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
             f"must be in [1, 2^20] (or null: a rank's whole share at once), got {r.max_num_seqs}",
         ),
     ]
-    return [(key, message) for key, ok, message in rules if not ok]
+    return [Problem(message, key=key) for key, ok, message in rules if not ok]
 
 
-def _algorithm_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
+def _algorithm_rules(cfg: ExperimentConfig) -> list[Problem]:
     """The algorithm's own rules (hpcrl.algorithm.registry owns them; the RL job checks them again)."""
     r = cfg.rollout
     return [
-        (p.key or "algorithm", p.message)
+        Problem(p.message, key=p.key or "algorithm")
         for p in algorithm_problems(cfg.algorithm, r.samples_per_prompt, r.max_new_tokens)
     ]
 
 
-def _name_rules(name: str) -> list[tuple[str, str]]:
+def _name_rules(name: str) -> list[Problem]:
     """`name` is one directory name (run and sweep directories live under <run_root>/<name>/), and the
     job name of its array jobs; bounded so that mkdir never fails on its length."""
     if len(name) > MAX_NAME_CHARS or len(name.encode("utf-8", "surrogatepass")) > 255:
         limit = f"the limit is {MAX_NAME_CHARS} characters and 255 bytes of UTF-8"
-        return [("name", f"{short(name)} is {len(name):,} characters long; {limit}")]
+        return [Problem(f"{short(name)} is {len(name):,} characters long; {limit}", key="name")]
     if not _PATH_PART.fullmatch(name) or name in (".", ".."):
-        return [("name", f"{short(name)} must be usable as a directory name (letters, digits, _ . + -)")]
-    return []
-
-
-def _rl_token_budget_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
-    """optim.max_tokens_per_micro_batch holds the longest sequence."""
-    budget, key = cfg.optim.max_tokens_per_micro_batch, "optim.max_tokens_per_micro_batch"
-    longest = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
-    if budget is not None and budget < longest:
         return [
-            (
-                key,
-                f"{budget} tokens cannot hold the longest sequence: data.max_prompt_length + "
-                f"rollout.max_new_tokens = {longest}",
+            Problem(
+                f"{short(name)} must be usable as a directory name (letters, digits, _ . + -)", key="name"
             )
         ]
     return []
 
 
-def _reward_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
+def _rl_token_budget_rules(cfg: ExperimentConfig) -> list[Problem]:
+    """optim.max_tokens_per_micro_batch holds the longest sequence."""
+    budget, key = cfg.optim.max_tokens_per_micro_batch, "optim.max_tokens_per_micro_batch"
+    longest = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+    if budget is not None and budget < longest:
+        return [
+            Problem(
+                f"{budget} tokens cannot hold the longest sequence: data.max_prompt_length + "
+                f"rollout.max_new_tokens = {longest}",
+                key=key,
+            )
+        ]
+    return []
+
+
+def _reward_rules(cfg: ExperimentConfig) -> list[Problem]:
     """The reward section's own rules (hpcrl.rewards.terms owns them; the ranks check them again) and the
     reward function's source, read without running it."""
-    out = [(p.key or "reward", p.message) for p in reward_problems(cfg.reward, cfg.data)]
+    out = [Problem(p.message, key=p.key or "reward") for p in reward_problems(cfg.reward, cfg.data)]
     if cfg.reward.function is not None:
         for problem in function_problems(cfg.reward.function):
             out.append(
-                (problem.key, f"{problem.file}: {problem.message}" if problem.file else problem.message)
+                Problem(
+                    f"{problem.file}: {problem.message}" if problem.file else problem.message, key=problem.key
+                )
             )
     return out
 
 
-def _required_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
+def _required_rules(cfg: ExperimentConfig) -> list[Problem]:
     out = []
     if cfg.data.source != "builtin" and not cfg.data.path:
-        out.append(("data.path", f"missing required field (data.source={cfg.data.source!r} reads a file)"))
+        out.append(
+            Problem(f"missing required field (data.source={cfg.data.source!r} reads a file)", key="data.path")
+        )
     if cfg.cluster.executor == "slurm" and cfg.cluster.profile is None and cfg.cluster.partition is None:
         out.append(
-            ("cluster.profile", "missing required field (executor=slurm needs a profile or a partition)")
+            Problem(
+                "missing required field (executor=slurm needs a profile or a partition)",
+                key="cluster.profile",
+            )
         )
     return out

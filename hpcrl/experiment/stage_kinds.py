@@ -134,7 +134,7 @@ def entrypoint_of(cfg: ExperimentConfig) -> str:
     return cfg.entrypoint or stage_of(cfg).entrypoint
 
 
-def config_rules(cfg: ExperimentConfig) -> list[tuple[str, str]]:
+def config_rules(cfg: ExperimentConfig) -> list[Problem]:
     """Every cross-field rule of one resolved config: the shared ones and its stage's."""
     return check_rules(cfg, stage_of(cfg).rules)
 

@@ -71,8 +71,8 @@ TEST_ONLY_CHARS = 300
 class Fit:
     cpus_per_task: int | None
     """The CPUs per task to send: cluster.cpus_per_task, or derived from the node; None: left to Slurm."""
-    problems: list[tuple[str, str]]
-    """(dotted key, message), one per problem."""
+    problems: list[Problem]
+    """One per problem, each naming its dotted key."""
     note: str | None = None
     """Why cpus_per_task could not be derived (it is then left to Slurm), if it could not."""
 
@@ -92,35 +92,28 @@ def fit(cluster: ClusterConfig, view: ClusterView) -> Fit:
     name = cluster.partition or view.default_partition
     listed = ", ".join(sorted(view.partitions)) or "none"
     if name is None:
-        return Fit(
-            given, [("cluster.partition", f"not set, and the cluster has no default partition ({listed})")]
-        )
+        message = f"not set, and the cluster has no default partition ({listed})"
+        return Fit(given, [Problem(message, key="cluster.partition")])
     partition = view.partitions.get(name)
     if partition is None:
-        return Fit(
-            given, [("cluster.partition", f"no partition {name!r} on this cluster (partitions: {listed})")]
-        )
+        message = f"no partition {name!r} on this cluster (partitions: {listed})"
+        return Fit(given, [Problem(message, key="cluster.partition")])
     problems = _time_problems(cluster, partition)
     if partition.max_nodes is not None and cluster.nodes > partition.max_nodes:
-        problems.append(
-            (
-                "cluster.nodes",
-                f"{cluster.nodes} nodes, but partition {name}'s MaxNodes is {partition.max_nodes}",
-            )
-        )
+        message = f"{cluster.nodes} nodes, but partition {name}'s MaxNodes is {partition.max_nodes}"
+        problems.append(Problem(message, key="cluster.nodes"))
     members = [n for n in view.nodes if name in n.partitions]
     per_node, eligible = _node_problems(cluster, partition, members)
     problems += per_node
     if members and len(members) < cluster.nodes:
-        problems.append(("cluster.nodes", f"{cluster.nodes} nodes, but partition {name} has {len(members)}"))
+        message = f"{cluster.nodes} nodes, but partition {name} has {len(members)}"
+        problems.append(Problem(message, key="cluster.nodes"))
     elif not per_node and len(eligible) < cluster.nodes:
-        problems.append(
-            (
-                "cluster.nodes",
-                f"{cluster.nodes} node(s) asked, but {len(eligible)} of partition {name}'s {len(members)} "
-                "node(s) meet every per-node request together",
-            )
+        message = (
+            f"{cluster.nodes} node(s) asked, but {len(eligible)} of partition {name}'s {len(members)} "
+            "node(s) meet every per-node request together"
         )
+        problems.append(Problem(message, key="cluster.nodes"))
     if given is not None:
         return Fit(given, problems)
     if not eligible:
@@ -135,18 +128,16 @@ def _cpus(node: Node, partition: Partition) -> int:
     return min(node.cpus, partition.max_cpus_per_node)
 
 
-def _time_problems(cluster: ClusterConfig, partition: Partition) -> list[tuple[str, str]]:
+def _time_problems(cluster: ClusterConfig, partition: Partition) -> list[Problem]:
     limit_s = cluster.time_min * 60
     if partition.max_time_s is None or limit_s <= partition.max_time_s:
         return []
-    return [
-        (
-            "cluster.time_min",
-            f"{cluster.time_min} min is above partition {partition.name}'s MaxTime "
-            f"{format_minutes(partition.max_time_s)} ({partition.max_time_s // 60} min): the job would "
-            "wait in the queue for ever (PartitionTimeLimit)",
-        )
-    ]
+    message = (
+        f"{cluster.time_min} min is above partition {partition.name}'s MaxTime "
+        f"{format_minutes(partition.max_time_s)} ({partition.max_time_s // 60} min): the job would "
+        "wait in the queue for ever (PartitionTimeLimit)"
+    )
+    return [Problem(message, key="cluster.time_min")]
 
 
 Check = tuple[str, Callable[[Node], "bool | None"], Callable[[], str]]
@@ -155,17 +146,17 @@ Check = tuple[str, Callable[[Node], "bool | None"], Callable[[], str]]
 
 def _node_problems(
     cluster: ClusterConfig, partition: Partition, members: list[Node]
-) -> tuple[list[tuple[str, str]], list[Node]]:
+) -> tuple[list[Problem], list[Node]]:
     """Each per-node request that no node of the partition meets (one problem per key), and the nodes
     that meet all of them together. A check that cannot judge a node (None) lets it pass."""
     if not members:
-        return [("cluster.partition", f"partition {partition.name} has no nodes")], []
+        return [Problem(f"partition {partition.name} has no nodes", key="cluster.partition")], []
     problems = []
     eligible = list(members)
     for key, check, message in _node_checks(cluster, partition, members):
         verdicts = [check(n) for n in members]
         if not any(v is None or v for v in verdicts):
-            problems.append((key, message()))
+            problems.append(Problem(message(), key=key))
         eligible = [n for n in eligible if check(n) is not False]
     return problems, eligible
 
@@ -265,7 +256,7 @@ def check_arrays(
     `view` None: no controller; every array keeps its own values. `test_only(params, n)`: Slurm's
     verdict on the rendered script (None: accepted), asked for arrays with no problem of ours."""
     out, notes = [], []
-    failures: dict[tuple[str, str], list[int]] = {}
+    failures: dict[Problem, list[int]] = {}
     elements = 0
     for array in arrays:
         elements += len(array.indices)
@@ -276,11 +267,10 @@ def check_arrays(
         if not problems and test_only is not None:
             refusal = test_only(params, len(array.indices))
             if refusal:
-                problems.append(
-                    ("cluster", f"sbatch --test-only refuses the script: {cut(refusal, TEST_ONLY_CHARS)}")
-                )
-        for key_message in problems:
-            failures.setdefault(key_message, []).extend(array.indices[:INDICES_SHOWN])
+                message = f"sbatch --test-only refuses the script: {cut(refusal, TEST_ONLY_CHARS)}"
+                problems.append(Problem(message, key="cluster"))
+        for problem in problems:  # the same problem of several arrays: one, naming all their elements
+            failures.setdefault(problem, []).extend(array.indices[:INDICES_SHOWN])
         if array.cluster.cpus_per_task is None and result.cpus_per_task is None and not problems:
             why = result.note or (view.unavailable if view else "no controller answered")
             notes.append(
@@ -288,8 +278,8 @@ def check_arrays(
                 "--cpus-per-task left to Slurm's default (1 CPU per task)"
             )
     problems = [
-        Problem(message + _elements_text(indices, elements), key=key)
-        for (key, message), indices in failures.items()
+        dataclasses.replace(problem, message=problem.message + _elements_text(indices, elements))
+        for problem, indices in failures.items()
     ]
     return out, problems, list(dict.fromkeys(notes))
 

@@ -53,7 +53,7 @@ def train_timing(start: float, batch: TrainBatch) -> dict[str, float]:
 def stage_problems(cfg: ExperimentConfig, world_size: int) -> list[Problem]:
     """Everything wrong with the config before any rank builds a model: its stage's rules (the same ones
     `expand` ran, hpcrl.experiment.stage_kinds) and the layout against this world."""
-    problems = [Problem(message, key=key) for key, message in stage_of(cfg).rules(cfg)]
+    problems = stage_of(cfg).rules(cfg)
     try:
         layout = ParallelLayout.from_config(cfg.parallel)
         layout.check_world(world_size)

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from hpcrl import cli
 from hpcrl.cluster.config import ClusterConfig
-from hpcrl.errors import ClusterError, ConfigError
+from hpcrl.errors import ClusterError, ConfigError, Problem
 from hpcrl.experiment.resolve import resolve
 from hpcrl.launcher import cluster_view, preflight, slurm, sweeps
 from hpcrl.launcher.manifest import load_manifest
@@ -128,17 +128,17 @@ def test_gpu_templates_fit_the_a100_cluster_with_8_cpus_per_rank(template):
     assert cluster.cpus_per_task is None
     assert preflight.fit(cluster, a100_view()) == preflight.Fit(8, [])
     old = preflight.fit(dataclasses.replace(cluster, cpus_per_task=12), a100_view())
-    assert [key for key, _ in old.problems] == ["cluster.cpus_per_task"]
+    assert [p.key for p in old.problems] == ["cluster.cpus_per_task"]
     assert (
         "8 tasks x 12 CPUs = 96 CPUs per node, but partition gpu's nodes have at most 64"
-        in old.problems[0][1]
+        in old.problems[0].message
     )
 
 
 def test_every_oversized_request_is_one_problem_naming_its_key():
     cluster = a100_cluster(cpus_per_task=100, time_min=3000, mem_gb=2000.0, gres="gpu:a100:9", nodes=3)
     cluster = dataclasses.replace(cluster, constraint="a100&h100")
-    problems = dict(preflight.fit(cluster, a100_view()).problems)
+    problems = {p.key: p.message for p in preflight.fit(cluster, a100_view()).problems}
     assert sorted(problems) == [
         "cluster.constraint",
         "cluster.cpus_per_task",
@@ -156,13 +156,13 @@ def test_every_oversized_request_is_one_problem_naming_its_key():
 def test_unknown_or_missing_partition():
     view = a100_view()
     assert preflight.fit(a100_cluster(partition="nope"), view).problems == [
-        ("cluster.partition", "no partition 'nope' on this cluster (partitions: gpu)")
+        Problem("no partition 'nope' on this cluster (partitions: gpu)", key="cluster.partition")
     ]
     no_default = dataclasses.replace(
         view, partitions={"gpu": dataclasses.replace(view.partitions["gpu"], default=False)}
     )
-    [(key, message)] = preflight.fit(a100_cluster(partition=None), no_default).problems
-    assert key == "cluster.partition" and "no default partition" in message
+    [problem] = preflight.fit(a100_cluster(partition=None), no_default).problems
+    assert problem.key == "cluster.partition" and "no default partition" in problem.message
 
 
 def test_cpus_come_from_the_smallest_node_that_fits_the_rest_of_the_request():
@@ -184,10 +184,9 @@ def test_two_nodes_that_each_fit_one_request_but_not_all():
     view = a100_view()
     no_ib = dataclasses.replace(view.nodes[0], features=frozenset({"a100"}))
     low_mem = dataclasses.replace(view.nodes[1], memory_mb=100_000)
-    [(key, message)] = preflight.fit(
-        a100_cluster(), dataclasses.replace(view, nodes=[no_ib, low_mem])
-    ).problems
-    assert key == "cluster.nodes" and "1 node(s) asked, but 0 of partition gpu's 2 node(s)" in message
+    [problem] = preflight.fit(a100_cluster(), dataclasses.replace(view, nodes=[no_ib, low_mem])).problems
+    assert problem.key == "cluster.nodes"
+    assert "1 node(s) asked, but 0 of partition gpu's 2 node(s)" in problem.message
 
 
 def test_without_a_node_list_the_cpus_are_left_to_slurm_and_said_so():
@@ -430,9 +429,7 @@ def test_derived_cpus_always_fit_and_use_the_node(node_cpus, tasks, nodes):
     cluster = ClusterConfig(executor="slurm", partition="gpu", nodes=min(nodes, 2), tasks_per_node=tasks)
     result = preflight.fit(cluster, sized)
     if tasks > node_cpus:
-        assert [key for key, _ in result.problems] == [
-            "cluster.tasks_per_node"
-        ] and result.cpus_per_task is None
+        assert [p.key for p in result.problems] == ["cluster.tasks_per_node"] and result.cpus_per_task is None
     else:
         assert result.problems == [] and result.cpus_per_task == node_cpus // tasks
         assert tasks * result.cpus_per_task <= node_cpus < tasks * (result.cpus_per_task + 1)

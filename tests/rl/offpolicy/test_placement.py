@@ -222,7 +222,7 @@ def test_async_rules_name_their_keys():
         cfg = _config(**ASYNC)
         for field, value in changes.items():
             setattr(getattr(cfg, section), field, value)
-        assert key in {k for k, _ in check_rules(cfg)}, key
+        assert key in {p.key for p in check_rules(cfg)}, key
     synchronous = _config(**ASYNC, **{"placement.max_off_policy_steps": 0})
     synchronous.algorithm.tis_cap = None  # on-policy: nothing to correct
     assert check_rules(synchronous) == []
