@@ -34,8 +34,8 @@ import torch.distributed as dist
 from hpcrl.ckpt.config import CheckpointConfig, checkpoint_root
 from hpcrl.ckpt.load import Loaded, SpecSource, load_checkpoint
 from hpcrl.ckpt.manifest import CheckpointError
-from hpcrl.ckpt.plan import plan_save
 from hpcrl.ckpt.save import SaveJob, abort_save, commit_save, mark_failed, run_sync, tidy_root, write_rank
+from hpcrl.ckpt.save_plan import plan_save
 from hpcrl.ckpt.shards import ShardedTensor
 from hpcrl.ckpt.snapshot import HostBuffers, InFlightSave
 from hpcrl.ckpt.state import RunState, capture_rng

@@ -30,8 +30,8 @@ from hpcrl import __version__
 from hpcrl.ckpt.commit import commit, prune, prune_rejected, remove_leftovers, tmp_dir
 from hpcrl.ckpt.integrity import file_digest, fsync_dir, write_durable, write_last
 from hpcrl.ckpt.manifest import MANIFEST, CheckpointError, FileEntry, Manifest, rank_file
-from hpcrl.ckpt.plan import SavePlan
 from hpcrl.ckpt.rankfile import write_rank_file
+from hpcrl.ckpt.save_plan import SavePlan
 from hpcrl.ckpt.state import RunState
 from hpcrl.ckpt.verify import check_committed
 from hpcrl.distributed.collectives import any_rank

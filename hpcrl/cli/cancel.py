@@ -6,7 +6,7 @@ import sys
 
 from hpcrl.errors import printable
 from hpcrl.launcher import sweeps
-from hpcrl.launcher.manifest import load_manifest
+from hpcrl.launcher.sweep_manifest import load_manifest
 
 HELP = "Cancel elements of a sweep (all when no index is given)."
 

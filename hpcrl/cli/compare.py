@@ -16,7 +16,7 @@ from typing import Optional
 from hpcrl.errors import printable
 from hpcrl.launcher import sweeps
 from hpcrl.launcher.compare import compare, write_report
-from hpcrl.launcher.manifest import load_manifest
+from hpcrl.launcher.sweep_manifest import load_manifest
 
 HELP = "Compare a sweep's elements: a markdown report and overlaid curves of one metric."
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.launcher import local, slurm, sweeps
-from hpcrl.launcher.manifest import load_manifest
+from hpcrl.launcher.sweep_manifest import load_manifest
 
 HELP = "Print the log of one element of a sweep (rank 0 stdout/stderr)."
 

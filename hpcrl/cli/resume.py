@@ -19,8 +19,8 @@ from hpcrl.cli.common import add_override_arguments, overrides_from, print_notes
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.resolve import element_problems
 from hpcrl.launcher import preflight, sweeps
-from hpcrl.launcher.manifest import Manifest, load_manifest
 from hpcrl.launcher.memory_preflight import memory_preflight
+from hpcrl.launcher.sweep_manifest import Manifest, load_manifest
 
 HELP = (
     "Resubmit the failed, cancelled, timed-out and lost elements of a sweep; --cluster.KEY VALUE "

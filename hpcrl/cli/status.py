@@ -15,7 +15,7 @@ from collections import Counter
 from hpcrl.cli.common import cell
 from hpcrl.errors import printable
 from hpcrl.launcher import sweeps
-from hpcrl.launcher.manifest import FINAL, load_manifest
+from hpcrl.launcher.sweep_manifest import FINAL, load_manifest
 
 HELP = "Show the state of every element of a sweep, and why, with a progress summary."
 REASON_WIDTH = 60

@@ -11,7 +11,7 @@ verbatim into every batch script, so where a profile may come from is a security
   template) and cannot point at a file.
 - The command line may also give a profile FILE: `--cluster.profile PATH` (relative to the working
   directory). Whoever types the command chooses the file.
-- `cluster.profile` is never a sweep axis (hpcrl.config.sweep.SWEEP_LEVEL_KEYS): one profile per sweep.
+- `cluster.profile` is never a sweep axis (hpcrl.config.sweep_axes.SWEEP_LEVEL_KEYS): one profile per sweep.
 - `cluster.setup` is accepted from a profile only, never from a template or the command line.
 - `cluster.env_allow` (environment names beyond the known-safe ones) from a profile or the command line,
   never from a template.

@@ -1,6 +1,6 @@
 """Sweep elements: each made from the checked base config and its sweep values, and their lazy list.
 
-Why not build every element from scratch: a sweep may have 100,000 elements (hpcrl.config.sweep.
+Why not build every element from scratch: a sweep may have 100,000 elements (hpcrl.config.sweep_axes.
 MAX_ELEMENTS); building, converting and hashing a whole ExperimentConfig per element cost ~1 ms, and
 keeping them all ~1 GB. An element differs from the base only at its swept keys, so it is made by
 copying the base along those keys' paths only (`dataclasses.replace` on the config, a path copy of the
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, overload
 
 from hpcrl.config.schema import build, deep_merge, to_dict, with_values
-from hpcrl.config.sweep import SweepPlan
+from hpcrl.config.sweep_axes import SweepPlan
 from hpcrl.config.yaml_io import canonical_json, canonical_json_joined, dump_yaml, dump_yaml_item
 from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.experiment.stage_kinds import stage_data

@@ -37,7 +37,7 @@ from hpcrl.config.schema import (
     to_dict,
     with_values,
 )
-from hpcrl.config.sweep import SweepPlan, check_sweep
+from hpcrl.config.sweep_axes import SweepPlan, check_sweep
 from hpcrl.config.template import Template, load_template
 from hpcrl.config.text_rules import string_problems
 from hpcrl.errors import ConfigError, Problem

@@ -7,7 +7,7 @@
 - curves.png: the metric against the step, one colour per group; a group of several elements (seeds) is
   drawn as its mean with the min..max band over the steps every element logged.
 
-Everything read is untrusted: the manifest through hpcrl.launcher.manifest.load_manifest, each element's
+Everything read is untrusted: the manifest through hpcrl.launcher.sweep_manifest.load_manifest, each element's
 `<run_dir>/metrics.jsonl` as a regular file (never through a symlink, at most MAX_METRICS_BYTES), its
 lines parsed one by one (a torn line, a non-number, a NaN is skipped and counted). Text from them reaches
 the report escaped (control characters, and `|` in table cells). The output directory follows the rule of
@@ -25,7 +25,7 @@ from pathlib import Path
 from hpcrl.config.output_dirs import DirKind, output_dir_problem
 from hpcrl.config.safe_read import read_capped
 from hpcrl.errors import ConfigError, Problem, printable
-from hpcrl.launcher.manifest import Entry, Manifest
+from hpcrl.launcher.sweep_manifest import Entry, Manifest
 from hpcrl.metrics.sinks import METRICS_FILE
 
 REPORT, CURVES = "report.md", "curves.png"

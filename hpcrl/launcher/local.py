@@ -27,8 +27,8 @@ from hpcrl.config.safe_read import read_capped
 from hpcrl.config.yaml_io import atomic_write
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.launcher.element import load_resolved, record_rank_0_end
-from hpcrl.launcher.manifest import load_manifest
 from hpcrl.launcher.ranks import Ranks, forwarded_stops, start_ranks, supervise
+from hpcrl.launcher.sweep_manifest import load_manifest
 
 LOCAL_DIR = "local"
 

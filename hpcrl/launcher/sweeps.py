@@ -33,7 +33,7 @@ from hpcrl.experiment.elements import config_id
 from hpcrl.experiment.resolve import ResolvedConfig, Sweep
 from hpcrl.experiment.stage_kinds import section_problems, stage_data
 from hpcrl.launcher import local, preflight, slurm
-from hpcrl.launcher.manifest import (
+from hpcrl.launcher.sweep_manifest import (
     CONFIG_FILE,
     DRY_RUN_CONFIGS,
     FINAL,

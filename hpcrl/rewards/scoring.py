@@ -19,7 +19,7 @@ from hpcrl.errors import ConfigError
 from hpcrl.rewards.config import RewardConfig
 from hpcrl.rewards.function import FunctionScorer
 from hpcrl.rewards.reward_model import RewardModelScorer
-from hpcrl.rewards.rules import RULES, task_rule
+from hpcrl.rewards.rule_rewards import RULES, task_rule
 from hpcrl.rewards.terms import FUNCTION, MODEL, TASK, WeightedScorer, reward_problems, sources_of
 
 log = logging.getLogger(__name__)

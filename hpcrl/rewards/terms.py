@@ -1,6 +1,6 @@
 """Reward sources and their weighted mix (`reward.terms`), and every rule about the reward section.
 
-A source is a rule of the registry (hpcrl.rewards.rules: exact_match, gsm8k, format; `task`, the built-in
+A source is a rule of the registry (hpcrl.rewards.rule_rewards: exact_match, gsm8k, format; `task`, the built-in
 task's own rule), `model` (an HF reward model, `reward.model_path`) or `function` (the user's,
 `reward.function`). `reward.name` picks one source; `reward.terms` mixes several:
 
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from hpcrl.data.config import DataConfig
 from hpcrl.errors import Problem, short
 from hpcrl.rewards.config import RewardConfig
-from hpcrl.rewards.rules import RULES
+from hpcrl.rewards.rule_rewards import RULES
 from hpcrl.train.config import ModelConfig
 
 MODEL, FUNCTION, TASK = "model", "function", "task"

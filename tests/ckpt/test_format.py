@@ -15,7 +15,7 @@ from hpcrl import __version__
 from hpcrl.ckpt.checkpointer import Checkpointer
 from hpcrl.ckpt.load import CheckpointMismatch, can_load, load_checkpoint
 from hpcrl.ckpt.manifest import read_manifest
-from hpcrl.ckpt.plan import assign_owners
+from hpcrl.ckpt.save_plan import assign_owners
 from hpcrl.ckpt.shards import ShardedTensor, ShardError, ShardSpec
 from hpcrl.ckpt.state import RunState, capture_rng, restore_rng
 from tests.ckpt._model import expected_local, global_tensors, rank_shards, rank_specs

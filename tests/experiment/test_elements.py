@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hpcrl.config.schema import leaf_types
-from hpcrl.config.sweep import MAX_ELEMENTS, SweepPlan, check_sweep
+from hpcrl.config.sweep_axes import MAX_ELEMENTS, SweepPlan, check_sweep
 from hpcrl.config.yaml_io import canonical_json, canonical_json_joined, dump_yaml
 from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.experiment.resolve import resolve

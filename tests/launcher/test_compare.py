@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hpcrl.launcher.compare import compare, read_curve
-from hpcrl.launcher.manifest import load_manifest
+from hpcrl.launcher.sweep_manifest import load_manifest
 from tests.cli_runs import run_cli
 from tests.templates import write_grpo_template
 from tests.waiting import wait_until

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hpcrl import cli
 from hpcrl.experiment.resolve import resolve
 from hpcrl.launcher import slurm
-from hpcrl.launcher.manifest import Entry, Manifest, load_manifest
+from hpcrl.launcher.sweep_manifest import Entry, Manifest, load_manifest
 
 REPO = Path(__file__).resolve().parents[2]
 

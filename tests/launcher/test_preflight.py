@@ -20,7 +20,7 @@ from hpcrl.cluster.config import ClusterConfig
 from hpcrl.errors import ClusterError, ConfigError, Problem
 from hpcrl.experiment.resolve import resolve
 from hpcrl.launcher import cluster_view, preflight, slurm, sweeps
-from hpcrl.launcher.manifest import load_manifest
+from hpcrl.launcher.sweep_manifest import load_manifest
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden"

@@ -14,7 +14,7 @@ import pytest
 
 from hpcrl import cli
 from hpcrl.config.yaml_io import load_yaml
-from hpcrl.launcher.manifest import load_manifest
+from hpcrl.launcher.sweep_manifest import load_manifest
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slurm

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from hpcrl import cli
 from hpcrl.errors import ConfigError
 from hpcrl.launcher import local, slurm, sweeps
-from hpcrl.launcher.manifest import MANIFEST, load_manifest, manifest_from_json
+from hpcrl.launcher.sweep_manifest import MANIFEST, load_manifest, manifest_from_json
 from tests.hostile_paths import Sandbox, hostile_paths
 from tests.waiting import wait_until
 

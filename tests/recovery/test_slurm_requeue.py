@@ -29,7 +29,7 @@ import pytest
 
 from hpcrl.cli import app as cli
 from hpcrl.launcher.element import LAUNCHER_STATE, REQUEUED_WHILE_STARTING, load_resolved
-from hpcrl.launcher.manifest import load_manifest
+from hpcrl.launcher.sweep_manifest import load_manifest
 from hpcrl.stages.rank import STEP_SLEEP_ENV
 from tests.recovery._runs import (
     REPO,

@@ -8,7 +8,7 @@ from hpcrl.data.tasks import ALPHABET
 from hpcrl.data.tokenizer import build_char_tokenizer
 from hpcrl.errors import ConfigError
 from hpcrl.rewards.config import RewardConfig
-from hpcrl.rewards.rules import exact_match, extract_hash_answer, format_check, gsm8k
+from hpcrl.rewards.rule_rewards import exact_match, extract_hash_answer, format_check, gsm8k
 from hpcrl.rewards.scoring import RewardError, build_scorer, rule_batch_scorer, score_batch
 
 

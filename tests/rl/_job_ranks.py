@@ -44,7 +44,7 @@ def run_named(rank: int, world: int, named: list, run_root: str) -> None:
 
 def run_with_flaky_reward(rank: int, world: int, cfg, run_dir: str) -> dict:
     """exact_match replaced by a rule that raises on every response ending in an even digit."""
-    from hpcrl.rewards import rules
+    from hpcrl.rewards import rule_rewards as rules
     from hpcrl.rl.job import main
 
     def flaky(prompt: str, response: str, answer: str) -> float:

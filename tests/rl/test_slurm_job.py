@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hpcrl import cli
-from hpcrl.launcher.manifest import load_manifest
+from hpcrl.launcher.sweep_manifest import load_manifest
 from hpcrl.metrics.sinks import read_jsonl
 from tests.waiting import wait_until
 

@@ -54,7 +54,7 @@ STATES = SLURM_STATES | {"NEW", "DRY_RUN", "UNKNOWN"}
 """Every state a manifest entry may hold: a manifest naming another is refused on load."""
 EXECUTORS = ("slurm", "local")
 MAX_MANIFEST_BYTES = 256 << 20
-"""A 100,000-element manifest (hpcrl.config.sweep.MAX_ELEMENTS) is ~30 MB: 256 MiB is room for long
+"""A 100,000-element manifest (hpcrl.config.sweep_axes.MAX_ELEMENTS) is ~30 MB: 256 MiB is room for long
 swept values and many resumes, and still refuses a device or a runaway file before it fills memory."""
 JOB_ID = {
     "slurm": re.compile(r"[0-9]{1,10}(?:_[0-9]{1,10})?", re.ASCII),
