@@ -6,7 +6,7 @@ import os
 import stat
 from pathlib import Path
 
-from hpcrl.errors import ConfigError, Problem
+from hpcrl.errors import ConfigError, Problem, printable
 from hpcrl.launcher import local, slurm, sweeps
 from hpcrl.launcher.sweep_manifest import load_manifest
 
@@ -30,9 +30,17 @@ def log_files(manifest, index: int) -> list[Path]:
 def main(args) -> int:
     manifest = load_manifest(args.sweep)
     for path in log_files(manifest, args.index):
-        print(f"==> {path} <==")
-        print(_log_text(path))
+        print(f"==> {printable(str(path))} <==")
+        print(terminal_text(_log_text(path)))
     return 0
+
+
+def terminal_text(log: str) -> str:
+    """A log as a terminal may be shown it: each line as it last read (a progress bar redraws it after a
+    carriage return: the text after the last one; a CRLF line end is a line end), every other control
+    character escaped ('\\x1b[2J' prints, it does not clear the screen: a job's output must not drive the
+    reader's terminal)."""
+    return "\n".join(printable(line.removesuffix("\r").rsplit("\r", 1)[-1]) for line in log.split("\n"))
 
 
 def _log_text(path: Path) -> str:

@@ -408,6 +408,25 @@ def test_a_fifo_log_is_named_not_read(sweep, capsys):
     assert code == 0 and "not a regular file" in out
 
 
+def test_logs_show_a_job_s_control_characters_escaped_and_each_line_as_it_last_read(sweep, capsys):
+    """A job's output is data to the reader: an escape sequence (clear screen, retitle the terminal, hide
+    text) prints escaped instead of driving the terminal; a progress bar's redraws show their last state."""
+    edit_entry(sweep, job_id="local:5_0", state="FAILED")
+    (sweep / "local").mkdir(exist_ok=True)
+    hostile = "step 1\rstep 2\rstep 3/3\n\x1b[2J\x1b]0;pwned\x07bell\x00nul\x9bcsi\ttab\r\nend\n"
+    (sweep / "local" / "0.log").write_bytes(hostile.encode())
+    code, out, _ = run_cli(capsys, "logs", sweep, 0)
+    assert code == 0
+    shown = out.split("<==\n", 1)[1]
+    assert shown.splitlines() == [
+        "step 3/3",
+        "\\x1b[2J\\x1b]0;pwned\\x07bell\\x00nul\\x9bcsi\\ttab",
+        "end",
+        "",
+    ]
+    assert not any(ord(c) < 32 and c != "\n" or 127 <= ord(c) < 160 for c in out)
+
+
 # --- 7. output directories: never through a symlink, never someone else's folder (hpcrl.config.output_dirs)
 
 
