@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 import submitit
 
+from hpcrl.config.safe_read import read_capped
 from hpcrl.config.schema import build, check_tree
 from hpcrl.config.yaml_io import atomic_write, load_yaml
 from hpcrl.distributed.env import DistEnv, init_process_group
@@ -68,6 +69,8 @@ if TYPE_CHECKING:
     from hpcrl.experiment.config import ExperimentConfig
 
 LAUNCHER_STATE = "launcher.json"
+MAX_LAUNCHER_STATE_BYTES = 16 << 20
+"""Largest launcher.json read (its error field is cut by record_error; this bounds a file not ours)."""
 
 
 def load_entrypoint(spec: str) -> Callable[..., Any]:
@@ -96,19 +99,27 @@ def record_rank_0_end(run_dir: Path, end: RankEnd | None) -> None:
     kept."""
     if end is None or end.returncode == 0:
         return
-    try:
-        state = json.loads((run_dir / LAUNCHER_STATE).read_text())
-    except (OSError, ValueError):  # no file (it died before the group formed) or not ours to mend
-        return
-    if isinstance(state, dict) and state.get("state") == "RUNNING":
+    state = read_launcher_state(run_dir)  # {}: none (it died before the group formed) or not ours to mend
+    if state.get("state") == "RUNNING":
         _write_state(run_dir, state="FAILED", error=end.describe(), ended=time.time())
 
 
+def read_launcher_state(run_dir: Path) -> dict[str, Any]:
+    """`<run_dir>/launcher.json` as a dict; {} when it is absent or not a state this module wrote: not a
+    regular file (a FIFO there would hang the reader, a symlink lead outside the run), over
+    MAX_LAUNCHER_STATE_BYTES, not UTF-8 JSON, nested past the parser, or not an object."""
+    try:
+        raw = read_capped(run_dir / LAUNCHER_STATE, MAX_LAUNCHER_STATE_BYTES, follow_symlinks=False)
+        state = json.loads(raw.decode("utf-8"))
+    except (OSError, ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return {}
+    return state if isinstance(state, dict) else {}
+
+
 def _write_state(run_dir: Path, **fields: Any) -> None:
-    path = run_dir / LAUNCHER_STATE
-    state = json.loads(path.read_text()) if path.exists() else {}
+    state = read_launcher_state(run_dir)
     state.update(fields, updated=time.time())
-    atomic_write(path, json.dumps(state, indent=1), fsync=False)
+    atomic_write(run_dir / LAUNCHER_STATE, json.dumps(state, indent=1), fsync=False)
 
 
 def run_element(config_path: str | Path, run_dir: str | Path, lifecycle: Lifecycle | None = None) -> Any:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import time
 from collections.abc import Iterable, Iterator
@@ -33,6 +32,7 @@ from hpcrl.experiment.elements import config_id
 from hpcrl.experiment.resolve import ResolvedConfig, Sweep
 from hpcrl.experiment.stage_kinds import section_problems, stage_data
 from hpcrl.launcher import local, preflight, slurm
+from hpcrl.launcher.element import read_launcher_state
 from hpcrl.launcher.sweep_manifest import (
     CONFIG_FILE,
     DRY_RUN_CONFIGS,
@@ -395,11 +395,7 @@ def _known(seen: slurm.Observed) -> tuple[str, str | None]:
 def launcher_record(run_dir: str) -> dict[str, Any]:
     """The element's <run dir>/launcher.json (restarts, rank 0's error); {} when absent or not a
     small regular file of a JSON object (a FIFO there must not hang `status`)."""
-    try:
-        data = json.loads(read_capped(Path(run_dir) / "launcher.json", 16 << 20))
-    except (OSError, ValueError, RecursionError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    return read_launcher_state(Path(run_dir))
 
 
 def _local_reason(entry: Entry, record: dict[str, Any]) -> str | None:

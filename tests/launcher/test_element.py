@@ -13,7 +13,7 @@ import pytest
 import submitit
 
 from hpcrl.errors import ConfigError
-from hpcrl.launcher import element
+from hpcrl.launcher import element, sweeps
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -185,3 +185,31 @@ def test_a_slurm_rank_imports_megatron_without_compiling_its_fusions():
     assert out.returncode == 0, out.stderr[-2000:]
     fuser, cuda = out.stdout.split()[-2:]
     assert fuser == ("compile" if cuda == "True" else "noop_decorator")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink", "huge", "deep", "not_utf8", "a_list"])
+def test_a_launcher_json_that_is_not_ours_is_never_read_whole_nor_followed_and_is_replaced(tmp_path, kind):
+    """launcher.json is the launcher's, but the run directory is the user's: a FIFO in its place would hang
+    the launcher's reader (and `hpcrl status`), a symlink would send the FAILED record elsewhere, a huge
+    file would be read whole. Each reads as no state; the launcher's record replaces the file itself."""
+    path = tmp_path / element.LAUNCHER_STATE
+    elsewhere = tmp_path / "elsewhere.json"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "symlink":
+        elsewhere.write_text(json.dumps({"state": "RUNNING"}))
+        path.symlink_to(elsewhere)
+    elif kind == "huge":
+        with open(path, "wb") as file:
+            file.truncate(element.MAX_LAUNCHER_STATE_BYTES + 1)
+    else:
+        path.write_bytes(
+            {"deep": b"[" * 100_000, "not_utf8": b'{"state": "\xff"}', "a_list": b'["RUNNING"]'}[kind]
+        )
+    assert element.read_launcher_state(tmp_path) == {}
+    assert sweeps.launcher_record(str(tmp_path)) == {}
+    element._write_state(tmp_path, state="FAILED")
+    assert path.is_file() and not path.is_symlink()
+    assert json.loads(path.read_text())["state"] == "FAILED"
+    if kind == "symlink":
+        assert json.loads(elsewhere.read_text()) == {"state": "RUNNING"}  # the link's target untouched
