@@ -1,5 +1,5 @@
-"""Config owned by the algorithms: the RL stage's estimator, losses, KL and schedule (AlgorithmConfig) and
-the DPO and SFT stages' own (DPOConfig, SFTConfig). Each stage reads only its section (hpcrl.experiment.stage_kinds)."""
+"""Config owned by the RL algorithms: the RL stage's estimator, losses, KL and schedule (AlgorithmConfig).
+The offline stages' sections live with their kinds (hpcrl.experiment.kinds)."""
 
 from __future__ import annotations
 
@@ -84,52 +84,3 @@ class AlgorithmConfig:
     their std). Off: the raw reverse KL as the advantage (Thinking Machines' recipe)."""
     eval_every: int = 5
     """Evaluate held-out reward every this many steps (0: never)."""
-
-
-@dataclass(kw_only=True)
-class DPOConfig:
-    """Offline preference optimisation (stage: dpo): a policy learns from preferences against a frozen
-    reference, by DPO, IPO or KTO (`loss_type`; hpcrl.posttrain.preference_losses)."""
-
-    steps: int = 40
-    """Training steps (one policy update each)."""
-    pairs_per_step: int = 16
-    """Preference pairs per step; each is two rows (chosen, rejected) of the batch. kto trains on
-    2 x pairs_per_step unpaired rows per step (a pair's two responses count as two rows)."""
-    beta: float = 0.1
-    """Temperature beta: the weight of the implicit reward (DPO eq. 7; IPO's tau; KTO's beta)."""
-    loss_type: Literal["sigmoid", "ipo", "kto"] = "sigmoid"
-    """sigmoid: DPO (Rafailov et al. 2023); ipo: IPO (Azar et al. 2023, per-token log-ratios as TRL);
-    kto: KTO (Ethayarajh et al. 2024) on unpaired rows (`completion`, `label`) or pairs read as two."""
-    desirable_weight: float = 1.0
-    """kto: lambda_D, the weight of desirable rows' losses."""
-    undesirable_weight: float = 1.0
-    """kto: lambda_U, the weight of undesirable rows' losses (the paper: keep lambda_D n_D / (lambda_U n_U)
-    in [1, 4/3])."""
-    eval_every: int = 5
-    """Evaluate held-out preference accuracy every this many steps (0: never)."""
-
-
-@dataclass(kw_only=True)
-class SFTConfig:
-    """Supervised fine-tuning (stage: sft): the policy learns the answers of (prompt, answer) rows."""
-
-    steps: int = 100
-    """Training steps (one update on `examples_per_step` rows each)."""
-    examples_per_step: int = 32
-    """(prompt, answer) rows per step; the loss counts answer tokens (and the closing <eos>) only."""
-    eval_every: int = 10
-    """Evaluate held-out loss and greedy exact match every this many steps (0: never)."""
-
-
-@dataclass(kw_only=True)
-class RMConfig:
-    """Reward model (stage: rm): a scalar head on the last token learns which of two responses is
-    preferred (Bradley-Terry, hpcrl.posttrain.rm); exported as an HF `*ForSequenceClassification`."""
-
-    steps: int = 100
-    """Training steps (one update on `pairs_per_step` pairs each)."""
-    pairs_per_step: int = 32
-    """Preference pairs (chosen, rejected) per step; each is two rows of the batch."""
-    eval_every: int = 10
-    """Evaluate held-out pairwise accuracy every this many steps (0: never)."""

@@ -1,5 +1,4 @@
-"""What each RL algorithm needs from the rest of the job, and the rules about `AlgorithmConfig`,
-`DPOConfig` and `SFTConfig`.
+"""What each RL algorithm needs from the rest of the job, and the rules about `AlgorithmConfig`.
 
 Torch-free, so the config rules that run at `expand`/`submit` (hpcrl.experiment.rules) and the job's own
 check on the ranks (hpcrl.rl.job) read the same registry and the same rule function. The advantage
@@ -11,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from hpcrl.algorithm.config import AlgorithmConfig, DPOConfig, RMConfig, SFTConfig
+from hpcrl.algorithm.config import AlgorithmConfig
 from hpcrl.errors import Problem
 
 
@@ -124,42 +123,3 @@ def _online_rules(algo: AlgorithmConfig, spec: AlgorithmSpec, samples: int, max_
             f"must be >= 0, got {algo.overlong_penalty_factor}",
         ),
     ]
-
-
-def _loop_rules(section: str, steps: int, per_step_key: str, per_step: int, eval_every: int) -> list:
-    """The step loop's counts every offline stage has: its steps, what a step takes, its eval interval."""
-    return [
-        (f"{section}.steps", steps >= 1, f"must be >= 1, got {steps}"),
-        (f"{section}.{per_step_key}", per_step >= 1, f"must be >= 1, got {per_step}"),
-        (f"{section}.eval_every", eval_every >= 0, f"must be >= 0 (0: never), got {eval_every}"),
-    ]
-
-
-def dpo_problems(dpo: DPOConfig) -> list[Problem]:
-    """Every problem of the DPO stage's own settings (hpcrl.experiment.stage_kinds adds those it shares
-    with the batch: pairs per DP rank, whole pairs per micro-batch)."""
-    rules = [
-        *_loop_rules("dpo", dpo.steps, "pairs_per_step", dpo.pairs_per_step, dpo.eval_every),
-        ("dpo.beta", 0 < dpo.beta < math.inf, f"must be a positive finite number, got {dpo.beta}"),
-        *(
-            (
-                f"dpo.{key}",
-                0 < getattr(dpo, key) < math.inf,
-                f"must be a positive finite number, got {getattr(dpo, key)}",
-            )
-            for key in ("desirable_weight", "undesirable_weight")
-        ),
-    ]
-    return [Problem(message, key=key) for key, ok, message in rules if not ok]
-
-
-def sft_problems(sft: SFTConfig) -> list[Problem]:
-    """Every problem of the SFT stage's own settings."""
-    rules = _loop_rules("sft", sft.steps, "examples_per_step", sft.examples_per_step, sft.eval_every)
-    return [Problem(message, key=key) for key, ok, message in rules if not ok]
-
-
-def rm_problems(rm: RMConfig) -> list[Problem]:
-    """Every problem of the reward-model stage's own settings."""
-    rules = _loop_rules("rm", rm.steps, "pairs_per_step", rm.pairs_per_step, rm.eval_every)
-    return [Problem(message, key=key) for key, ok, message in rules if not ok]

@@ -1,7 +1,9 @@
-"""The whole experiment: one dataclass composed of the components' own configs.
+"""The whole experiment: one dataclass composed of the components' own configs, and the registry of
+stage kinds.
 
 Each component owns its config (and its defaults); this module only composes them, so every default
-has exactly one home. Templates (YAML) and `--<dotted.key>` overrides are checked against
+has exactly one home. A stage kind's module (hpcrl.experiment.kinds) owns its section and rules; it is
+registered here: once in STAGE_KINDS, once as a section of ExperimentConfig. Templates (YAML) and `--<dotted.key>` overrides are checked against
 `ExperimentConfig`'s type hints by hpcrl.config.schema (not by jsonargparse, which stops at the first bad
 key: a template author gets every problem at once, each with its file and key); jsonargparse only
 parses the command line's own options.
@@ -12,19 +14,28 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from hpcrl.algorithm.config import AlgorithmConfig, DPOConfig, RMConfig, SFTConfig
+from hpcrl.algorithm.config import AlgorithmConfig
 from hpcrl.ckpt.config import CheckpointConfig
 from hpcrl.cluster.config import ClusterConfig
 from hpcrl.data.config import DataConfig
 from hpcrl.distributed.config import ParallelConfig
 from hpcrl.distributed.placement import PlacementConfig, placement_of
+from hpcrl.experiment.kinds import dpo, rl, rm, sft
+from hpcrl.experiment.kinds.dpo import DPOConfig
+from hpcrl.experiment.kinds.kind import StageKind
+from hpcrl.experiment.kinds.rm import RMConfig
+from hpcrl.experiment.kinds.sft import SFTConfig
 from hpcrl.metrics.config import LoggingConfig
 from hpcrl.rewards.config import RewardConfig
 from hpcrl.rollout.config import RolloutConfig
 from hpcrl.train.config import ModelConfig, OptimizerConfig
 
-StageName = Literal["rl", "dpo", "sft", "rm"]
-"""The stage kinds (hpcrl.experiment.stage_kinds.STAGE_KINDS holds what each reads and runs)."""
+STAGE_KINDS: dict[str, StageKind] = {kind.name: kind for kind in (rl.KIND, dpo.KIND, sft.KIND, rm.KIND)}
+"""Every stage kind by name: what each reads, runs, checks and is watched by (hpcrl.experiment.stage_kinds
+reads it)."""
+
+StageName = Literal[tuple(STAGE_KINDS)]  # the names registered above, for the schema and --help
+"""The values of `ExperimentConfig.stage`."""
 
 
 @dataclass(kw_only=True)

@@ -12,11 +12,14 @@ read by the expand rules (hpcrl.experiment.rules), the memory planner (hpcrl.pla
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from hpcrl.algorithm.teacher import teacher_model
-from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.rewards.terms import megatron_reward_model
 from hpcrl.train.config import ModelConfig
+
+if TYPE_CHECKING:
+    from hpcrl.experiment.config import ExperimentConfig
 
 
 @dataclass(frozen=True)

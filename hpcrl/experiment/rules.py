@@ -1,4 +1,6 @@
-"""Rules that tie fields of different components together (checked on every resolved config).
+"""Rules that tie fields of different components together (checked on every resolved config): those of
+the shared sections, run for every stage, and the helpers the stages' own rules share (each stage's rules
+live in its module of hpcrl.experiment.kinds).
 
 Each rule returns Problems whose key names the fields involved, so a user sees e.g.
 `cluster.nodes: cluster.nodes*cluster.tasks_per_node = 2 ranks, but parallel.tensor*pipeline*data = 4`.
@@ -8,22 +10,22 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from hpcrl.algorithm.registry import ALGORITHMS, algorithm_problems, dpo_problems, rm_problems, sft_problems
+from hpcrl.algorithm.registry import ALGORITHMS
 from hpcrl.ckpt.config import checkpoint_problems
 from hpcrl.cluster.rules import check_cluster
 from hpcrl.data.validate import PreferenceReader, data_file_problems
 from hpcrl.distributed.layout import ModelDims, ParallelLayout, model_problems
 from hpcrl.distributed.placement import placement_of
 from hpcrl.errors import ConfigError, Problem, short
-from hpcrl.experiment.config import ExperimentConfig
-from hpcrl.experiment.frozen_models import frozen_models
-from hpcrl.rewards.function import function_problems
-from hpcrl.rewards.terms import megatron_reward_model, reward_problems
-from hpcrl.rollout.engine_rule import EngineFacts, resolve_engine
+from hpcrl.rewards.terms import megatron_reward_model
 from hpcrl.train.config import ModelConfig
 from hpcrl.train.hf_config import ModelDimsUnavailable, with_hf_architecture
+
+if TYPE_CHECKING:
+    from hpcrl.experiment.config import ExperimentConfig
+    from hpcrl.experiment.kinds.kind import StageRules
 
 _ENTRYPOINT = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_]\w*")
 _PATH_PART = re.compile(r"[\w.+-]+")
@@ -38,10 +40,6 @@ def gpus_per_node(cfg: ExperimentConfig) -> int:
         match = _GRES_GPUS.search(cfg.cluster.gres)
         return int(match.group(1)) if match else 0
     return cfg.cluster.gpus_per_node
-
-
-StageRules = Callable[[ExperimentConfig], list[Problem]]
-"""A stage's own rules (hpcrl.experiment.stage_kinds names each stage's)."""
 
 
 def check_rules(cfg: ExperimentConfig, stage_rules: StageRules) -> list[Problem]:
@@ -126,28 +124,14 @@ def _model_rules(cfg: ExperimentConfig) -> list[Problem]:
         layout = ParallelLayout.from_config(par)
     except ConfigError:
         layout = None  # t_g | t and p_g | p: reported by check_rules above
-    model, model_file_problems = _model_dims(cfg.model)
+    model, model_file_problems = model_dims(cfg.model)
     problems += model_file_problems
     if layout is not None and model is not None and not ranges:  # they divide by these dims
         problems += model_problems(layout, model)
     return [Problem(p.message, key=p.key or "parallel") for p in problems]
 
 
-def rl_rules(cfg: ExperimentConfig) -> list[Problem]:
-    """The RL stage's sections: sampling, the algorithm, whether an engine runs the generation layout,
-    the reward and the token budget (which must hold a prompt and its response)."""
-    return (
-        _engine_rules(cfg)
-        + _sampling_rules(cfg)
-        + _algorithm_rules(cfg)
-        + _reward_rules(cfg)
-        + _frozen_model_rules(cfg)
-        + _rl_token_budget_rules(cfg)
-        + _data_rules(cfg, preference=None)
-    )
-
-
-def _data_rules(cfg: ExperimentConfig, *, preference: PreferenceReader | None) -> list[Problem]:
+def data_rules(cfg: ExperimentConfig, *, preference: PreferenceReader | None) -> list[Problem]:
     """The data file's rows, when the file is here (hpcrl.data.validate)."""
     m = cfg.model
     problems = data_file_problems(cfg.data, preference=preference, hf_path=m.hf_path, vocab_size=m.vocab_size)
@@ -156,34 +140,7 @@ def _data_rules(cfg: ExperimentConfig, *, preference: PreferenceReader | None) -
     ]
 
 
-def dpo_rules(cfg: ExperimentConfig) -> list[Problem]:
-    """The preference stage's section, and what it asks of the batch: rows reach DP ranks and
-    micro-batches by count (sigmoid and ipo keep each (chosen, rejected) pair together: an even
-    micro-batch), and every DP rank gets a row."""
-    dpo = cfg.dpo
-    out = [Problem(p.message, key=p.key or "dpo") for p in dpo_problems(dpo)]
-    paired = dpo.loss_type != "kto"
-    rows = dpo.pairs_per_step if paired else 2 * dpo.pairs_per_step
-    why = f"dpo.loss_type {dpo.loss_type}"
-    return (
-        out
-        + _row_batch_rules(cfg, "dpo.pairs_per_step", rows, paired, why)
-        + _data_rules(cfg, preference=PreferenceReader(why, "dpo.loss_type", unpaired=not paired))
-    )
-
-
-def rm_rules(cfg: ExperimentConfig) -> list[Problem]:
-    """The reward-model stage's section, and the pair batch it trains on (as dpo_rules)."""
-    out = [Problem(p.message, key=p.key or "rm") for p in rm_problems(cfg.rm)]
-    pairs = cfg.rm.pairs_per_step
-    return (
-        out
-        + _row_batch_rules(cfg, "rm.pairs_per_step", pairs, True, "the rm stage")
-        + _data_rules(cfg, preference=PreferenceReader("the rm stage", "stage"))
-    )
-
-
-def _row_batch_rules(cfg: ExperimentConfig, key: str, units: int, paired: bool, why: str) -> list[Problem]:
+def row_batch_rules(cfg: ExperimentConfig, key: str, units: int, paired: bool, why: str) -> list[Problem]:
     """A batch dispatched by rows (whole pairs when `paired`): no token balancing or budget, an even
     micro-batch for pairs, and at least one of the step's `units` per DP rank."""
     optim, ranks = cfg.optim, cfg.parallel.data
@@ -203,106 +160,6 @@ def _row_batch_rules(cfg: ExperimentConfig, key: str, units: int, paired: bool, 
         unit = "pairs" if paired else "rows"
         out.append(Problem(f"{units} {unit} per step leave some of the {ranks} DP ranks empty", key=key))
     return out
-
-
-def sft_rules(cfg: ExperimentConfig) -> list[Problem]:
-    """The SFT stage's section, and one row per DP rank at least."""
-    out = [Problem(p.message, key=p.key or "sft") for p in sft_problems(cfg.sft)] + _data_rules(
-        cfg, preference=None
-    )
-    rows, ranks = cfg.sft.examples_per_step, cfg.parallel.data
-    if 1 <= rows < ranks:
-        out.append(
-            Problem(
-                f"{rows} rows per step leave some of the {ranks} DP ranks empty", key="sft.examples_per_step"
-            )
-        )
-    return out
-
-
-def _frozen_model_rules(cfg: ExperimentConfig) -> list[Problem]:
-    """The frozen models a job loads from a directory of their own (hpcrl.experiment.frozen_models: the
-    distillation teacher, a megatron reward model): their layout keys are read only where the model is
-    there, and t_F * p_F divides the pool's t * p * d ranks; where config.json is readable here (else
-    the ranks check it before loading a weight, hpcrl.rl.roles), a model that layout divides and that
-    reads the policy's token ids with the same vocabulary."""
-    out = _unread_layout_keys(cfg)
-    student, _ = _model_dims(cfg.model)
-    ranks = cfg.parallel.world_size
-    for frozen in frozen_models(cfg):
-        t_key, p_key = frozen.layout_keys
-        bad = [
-            (k, v) for k, v in zip(frozen.layout_keys, (frozen.tensor, frozen.pipeline), strict=True) if v < 1
-        ]
-        out += [Problem(f"must be >= 1, got {v}", key=k) for k, v in bad]
-        if bad:
-            continue
-        if ranks % (frozen.tensor * frozen.pipeline):
-            message = (
-                f"the {frozen.who}'s t*p = {frozen.tensor}*{frozen.pipeline} does not divide the "
-                f"{ranks} ranks of its pool (parallel.tensor * pipeline * data)"
-            )
-            out.append(Problem(message, key=t_key))
-            continue
-        layout = ParallelLayout(tensor=frozen.tensor, pipeline=frozen.pipeline, data=frozen.data(ranks))
-        out += [
-            Problem(m, key=frozen.path_key)
-            for m in _frozen_model_problems(frozen.model, frozen.who, student, layout)
-        ]
-    return out
-
-
-def _unread_layout_keys(cfg: ExperimentConfig) -> list[Problem]:
-    """A frozen model's layout key set where that model is not in the job (it would be ignored)."""
-    present = {f.role for f in frozen_models(cfg)}
-    algo, reward = cfg.algorithm, cfg.reward
-    keys = (
-        ("teacher", "algorithm.teacher_tensor", algo.teacher_tensor, "algorithm.name: distill"),
-        ("teacher", "algorithm.teacher_pipeline", algo.teacher_pipeline, "algorithm.name: distill"),
-        ("reward", "reward.model_tensor", reward.model_tensor, "reward.model_backend: megatron"),
-        ("reward", "reward.model_pipeline", reward.model_pipeline, "reward.model_backend: megatron"),
-    )
-    return [
-        Problem(f"only {who} reads it (this job has no such model)", key=key)
-        for role, key, value, who in keys
-        if value is not None and role not in present
-    ]
-
-
-def _frozen_model_problems(model: ModelConfig, who: str, student, layout) -> list[str]:
-    resolved, file_problems = _model_dims(model)
-    problems = [_prefixed(p, who) for p in file_problems]
-    if resolved is not None and layout is not None:
-        problems += [_prefixed(p, who) for p in model_problems(layout, resolved)]
-    if resolved is not None and student is not None and resolved.vocab_size != student.vocab_size:
-        problems.append(
-            f"the {who}'s vocab_size {resolved.vocab_size} is not the policy's {student.vocab_size}"
-        )
-    return problems
-
-
-def _prefixed(problem: Problem, who: str) -> str:
-    """A problem of a frozen model's own config.json, said as that model's (its keys and file are not
-    the template's)."""
-    where = ":".join(part for part in (problem.file, problem.key) if part and part != "model.hf_path")
-    return f"the {who}'s {where}: {problem.message}" if where else f"the {who}: {problem.message}"
-
-
-def _engine_rules(cfg: ExperimentConfig) -> list[Problem]:
-    """Whether the rollout engine can run the generation layout (hpcrl.rollout.engine_rule decides)."""
-    par = cfg.parallel
-    model, _ = _model_dims(cfg.model)
-    facts = EngineFacts.for_element(gpus_per_node(cfg))
-    split = not placement_of(cfg.placement).rollout_spans_element
-    problems = resolve_engine(
-        cfg.rollout,
-        par.rollout_tensor,
-        par.rollout_pipeline,
-        model or cfg.model,
-        facts,
-        split_placement=split,
-    )[1]
-    return [Problem(p.message, key=p.key or "parallel") for p in problems]
 
 
 MODEL_COUNT_BOUNDS = {
@@ -348,7 +205,7 @@ LAYOUT_FIELDS = tuple(ModelDims.__annotations__)
 """The dims ParallelLayout's model rules read (the ModelDims protocol's fields)."""
 
 
-def _model_dims(model: ModelConfig) -> tuple[ModelConfig | None, list[Problem]]:
+def model_dims(model: ModelConfig) -> tuple[ModelConfig | None, list[Problem]]:
     """The model's dims for the layout rules: from `model.hf_path`'s config.json where it is readable
     here (the template's values checked against it), else the template's own; None when neither gives
     every dim the rules read (a path that exists only on the cluster, dims left to it: the ranks check
@@ -419,36 +276,6 @@ def placement_rules(cfg: ExperimentConfig) -> list[Problem]:
     return out
 
 
-def _sampling_rules(cfg: ExperimentConfig) -> list[Problem]:
-    """The rollout's sampling settings (every engine reads them)."""
-    r = cfg.rollout
-    rules = [
-        (
-            "rollout.max_new_tokens",
-            1 <= r.max_new_tokens <= 1 << 24,
-            f"must be in [1, 2^24] (a response has at least one token), got {r.max_new_tokens}",
-        ),
-        ("rollout.temperature", r.temperature >= 0, f"must be >= 0 (0 = greedy), got {r.temperature}"),
-        ("rollout.top_p", 0 < r.top_p <= 1, f"must be in (0, 1] (1 = off), got {r.top_p}"),
-        ("rollout.top_k", r.top_k >= 0, f"must be >= 0 (0 = off), got {r.top_k}"),
-        (
-            "rollout.max_num_seqs",
-            r.max_num_seqs is None or 1 <= r.max_num_seqs <= 1 << 20,
-            f"must be in [1, 2^20] (or null: a rank's whole share at once), got {r.max_num_seqs}",
-        ),
-    ]
-    return [Problem(message, key=key) for key, ok, message in rules if not ok]
-
-
-def _algorithm_rules(cfg: ExperimentConfig) -> list[Problem]:
-    """The algorithm's own rules (hpcrl.algorithm.registry owns them; the RL job checks them again)."""
-    r = cfg.rollout
-    return [
-        Problem(p.message, key=p.key or "algorithm")
-        for p in algorithm_problems(cfg.algorithm, r.samples_per_prompt, r.max_new_tokens)
-    ]
-
-
 def _name_rules(name: str) -> list[Problem]:
     """`name` is one directory name (run and sweep directories live under <run_root>/<name>/), and the
     job name of its array jobs; bounded so that mkdir never fails on its length."""
@@ -462,35 +289,6 @@ def _name_rules(name: str) -> list[Problem]:
             )
         ]
     return []
-
-
-def _rl_token_budget_rules(cfg: ExperimentConfig) -> list[Problem]:
-    """optim.max_tokens_per_micro_batch holds the longest sequence."""
-    budget, key = cfg.optim.max_tokens_per_micro_batch, "optim.max_tokens_per_micro_batch"
-    longest = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
-    if budget is not None and budget < longest:
-        return [
-            Problem(
-                f"{budget} tokens cannot hold the longest sequence: data.max_prompt_length + "
-                f"rollout.max_new_tokens = {longest}",
-                key=key,
-            )
-        ]
-    return []
-
-
-def _reward_rules(cfg: ExperimentConfig) -> list[Problem]:
-    """The reward section's own rules (hpcrl.rewards.terms owns them; the ranks check them again) and the
-    reward function's source, read without running it."""
-    out = [Problem(p.message, key=p.key or "reward") for p in reward_problems(cfg.reward, cfg.data)]
-    if cfg.reward.function is not None:
-        for problem in function_problems(cfg.reward.function):
-            out.append(
-                Problem(
-                    f"{problem.file}: {problem.message}" if problem.file else problem.message, key=problem.key
-                )
-            )
-    return out
 
 
 def _required_rules(cfg: ExperimentConfig) -> list[Problem]:

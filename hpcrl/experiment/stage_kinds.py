@@ -10,119 +10,27 @@ sft; rm: rm). The union is kept where it shows:
   element's id does not move when another stage's defaults do;
 - `hpcrl --help-config STAGE` lists only what that stage reads (hpcrl.experiment.reference).
 
-One entry per kind holds its entrypoint (what the element runner calls unless `entrypoint` names
-another), its rules (hpcrl.experiment.rules), the key counting its steps, its headline metric and the
-checkpoint prefix of the model it trains. A new stage is one more entry, one more section, one more
-name in hpcrl.experiment.config.StageName (and, for `hpcrl plan`, a shape in hpcrl.plan.offline).
+Each kind's module (hpcrl.experiment.kinds) declares its `KIND`: its entrypoint (what the element runner
+calls unless `entrypoint` names another), its rules, the key counting its steps, its headline metric, the
+checkpoint prefix of the model it trains and, offline, its memory shape; hpcrl.experiment.config
+registers it (STAGE_KINDS). This module answers questions about a config's stage.
 """
 
 from __future__ import annotations
 
-import typing
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from hpcrl.errors import ConfigError, Problem
-from hpcrl.experiment.config import ExperimentConfig, StageName
-from hpcrl.experiment.rules import StageRules, check_rules, dpo_rules, rl_rules, rm_rules, sft_rules
-from hpcrl.metrics.headline import Headline
+from hpcrl.experiment.config import STAGE_KINDS, ExperimentConfig
+from hpcrl.experiment.kinds.kind import StageKind
+from hpcrl.experiment.rules import check_rules
 
 SHARED_SECTIONS = ("model", "parallel", "optim", "data", "checkpoint", "logging", "cluster")
 """The sections every stage reads (besides the top-level keys: name, seed, run_root, stage, entrypoint)."""
 
-
-@dataclass(frozen=True)
-class StageKind:
-    """One kind of stage."""
-
-    name: str
-    entrypoint: str
-    """`module:function` every rank runs when the config's `entrypoint` is null."""
-    sections: tuple[str, ...]
-    """The config sections only this kind reads."""
-    rules: StageRules
-    """Its sections' rules, run at expand/submit/resume with the shared ones."""
-    steps_key: str
-    """The dotted key of its step count (run identity leaves it free: a resume may extend a run)."""
-    headline: Headline
-    """What its progress bar and plot show."""
-    model_prefix: str = "actor."
-    """The checkpoint prefix of the model the stage trains: what its HF export (`<run_dir>/hf`) and
-    `hpcrl ckpt export` read by default."""
-    rehearsed: bool = False
-    """`hpcrl rehearse` rehearses it (it shrinks an RL recipe's pools, rollout and reshard; another stage
-    gets a clear refusal, not a rehearsal of what it does not run). `hpcrl plan` plans every stage
-    (hpcrl.plan.stages)."""
-
-
-def accuracy_headline(
-    title: str, train: str, heldout: str, label: str, heldout_label: str = Headline.heldout_label
-) -> Headline:
-    """An offline stage's headline: an accuracy of the trained model (metric keys `train`, `heldout`),
-    one per step (no spread over a group), plotted to accuracy.png."""
-    return Headline(
-        title=title,
-        train=train,
-        heldout=heldout,
-        label=label,
-        heldout_label=heldout_label,
-        spread=None,
-        plot_file="accuracy.png",
-    )
-
-
-STAGE_KINDS: dict[str, StageKind] = {
-    kind.name: kind
-    for kind in (
-        StageKind(
-            name="rl",
-            entrypoint="hpcrl.rl.job:main",
-            sections=("placement", "rollout", "algorithm", "reward"),
-            rules=rl_rules,
-            steps_key="algorithm.steps",
-            headline=Headline(),
-            rehearsed=True,
-        ),
-        StageKind(
-            name="dpo",
-            entrypoint="hpcrl.posttrain.dpo:main",
-            sections=("dpo",),
-            rules=dpo_rules,
-            steps_key="dpo.steps",
-            headline=accuracy_headline("DPO", "dpo/accuracy", "dpo/heldout_accuracy", "preference accuracy"),
-        ),
-        StageKind(
-            name="sft",
-            entrypoint="hpcrl.posttrain.sft:main",
-            sections=("sft",),
-            rules=sft_rules,
-            steps_key="sft.steps",
-            headline=accuracy_headline(
-                "SFT",
-                "sft/token_accuracy",
-                "sft/heldout_exact_match",
-                "token accuracy",
-                "held-out exact match",
-            ),
-        ),
-        StageKind(
-            name="rm",
-            entrypoint="hpcrl.posttrain.rm:main",
-            sections=("rm",),
-            rules=rm_rules,
-            steps_key="rm.steps",
-            model_prefix="reward.",
-            headline=accuracy_headline("RM", "rm/accuracy", "rm/heldout_accuracy", "pairwise accuracy"),
-        ),
-    )
-}
-"""Every stage kind by name; the names are exactly hpcrl.experiment.config.StageName's."""
-
 STAGE_SECTIONS = frozenset(section for kind in STAGE_KINDS.values() for section in kind.sections)
 """The sections some stage owns (and another does not read)."""
-
-assert set(STAGE_KINDS) == set(typing.get_args(StageName)), "StageName and STAGE_KINDS disagree"
 
 
 def stage_of(cfg: ExperimentConfig) -> StageKind:

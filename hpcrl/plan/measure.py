@@ -31,8 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hpcrl.experiment.stage_kinds import stage_of
 from hpcrl.plan.memory import dims_of
-from hpcrl.plan.offline import OFFLINE_STAGES, context_tokens, rows_per_step
+from hpcrl.plan.offline import context_tokens, rows_per_step
 
 if TYPE_CHECKING:
     from hpcrl.experiment.config import ExperimentConfig
@@ -63,9 +64,10 @@ class UpdateShape:
 def update_shape(cfg: ExperimentConfig) -> UpdateShape:
     """What the planner sizes: RL's rollout batch of prompt + response rows; an offline stage's step of
     rows as long as the model's context (hpcrl.plan.offline), the response half of each trained."""
-    if cfg.stage in OFFLINE_STAGES:
+    offline = stage_of(cfg).offline
+    if offline is not None:
         s = context_tokens(cfg)
-        return UpdateShape(rows_per_step(cfg), s, s // 2, scalar=OFFLINE_STAGES[cfg.stage].scalar_head)
+        return UpdateShape(rows_per_step(cfg), s, s // 2, scalar=offline.scalar_head)
     sequences = cfg.algorithm.prompts_per_step * cfg.rollout.samples_per_prompt
     s = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
     return UpdateShape(sequences, s, cfg.rollout.max_new_tokens)

@@ -1,7 +1,7 @@
 """Memory plan of the offline stages (sft, dpo, rm): one trained model over the training layout, DPO's
 frozen reference beside it, no rollout engine, KV cache or reshard.
 
-    plan = predict_offline(cfg)       # cfg.stage in OFFLINE_STAGES
+    plan = predict_offline(cfg)       # stage_of(cfg).offline is not None
 
 Per rank: the trained model's params, grads and optimizer state (hpcrl.plan.memory.trainable_components:
 the update backend's layout), DPO's reference params (kl to it is the loss), and the train phase of one
@@ -14,11 +14,10 @@ snapshot, the step's and the held-out batch's token rows.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from types import MappingProxyType
 from typing import TYPE_CHECKING
 
+from hpcrl.experiment.kinds.kind import OfflineShape
+from hpcrl.experiment.stage_kinds import stage_of
 from hpcrl.plan import formulas as fm
 from hpcrl.plan.capacity import device_capacity
 from hpcrl.plan.memory import (
@@ -36,32 +35,6 @@ if TYPE_CHECKING:
     from hpcrl.experiment.config import ExperimentConfig
 
 
-@dataclass(frozen=True)
-class OfflineShape:
-    """What an offline stage holds and trains on."""
-
-    role: str
-    """The trained model's name in the plan."""
-    examples_per_step: Callable[[ExperimentConfig], int]
-    """Examples (rows, or pairs) of one step's batch."""
-    rows_per_example: int = 1
-    """Token rows of an example: a preference pair is two."""
-    scalar_head: bool = False
-    """A scalar head on the trunk (the reward model): no output layer, no logits buffer."""
-    reference: bool = False
-    """A frozen copy of the initial model beside it (DPO, IPO, KTO)."""
-
-
-OFFLINE_STAGES = MappingProxyType(
-    {
-        "sft": OfflineShape("policy", lambda cfg: cfg.sft.examples_per_step),
-        "dpo": OfflineShape("policy", lambda cfg: cfg.dpo.pairs_per_step, 2, reference=True),
-        "rm": OfflineShape("reward model", lambda cfg: cfg.rm.pairs_per_step, 2, scalar_head=True),
-    }
-)
-"""The offline stages by `stage` (hpcrl.experiment.stage_kinds.STAGE_KINDS names them)."""
-
-
 def context_tokens(cfg: ExperimentConfig) -> int:
     """s: the model's context (from config.json where `model.hf_path` is readable here)."""
     return with_hf_architecture(cfg.model, need=("max_position_embeddings",)).max_position_embeddings
@@ -69,13 +42,13 @@ def context_tokens(cfg: ExperimentConfig) -> int:
 
 def rows_per_step(cfg: ExperimentConfig) -> int:
     """Token rows of one step's batch of an offline stage."""
-    shape = OFFLINE_STAGES[cfg.stage]
+    shape = _shape_of(cfg)
     return shape.examples_per_step(cfg) * shape.rows_per_example
 
 
 def predict_offline(cfg: ExperimentConfig, *, host_bytes: float | None = None) -> MemoryPlan:
     """The memory plan of an offline stage's worst rank (one pool: every rank holds the same parts)."""
-    shape = OFFLINE_STAGES[cfg.stage]
+    shape = _shape_of(cfg)
     par, dims = cfg.parallel, dims_of(cfg)
     e = fm.DTYPE_BYTES[cfg.model.dtype]
     device, host = device_capacity(cfg, host_bytes=host_bytes)
@@ -96,3 +69,11 @@ def predict_offline(cfg: ExperimentConfig, *, host_bytes: float | None = None) -
     formula = f"({rows} step + {held} held-out rows) × s={s} × 3 tensors (ids, attention, mask) × 8 B"
     plan.components.append(Component("token batches", "host", batches, formula))
     return plan
+
+
+def _shape_of(cfg: ExperimentConfig) -> OfflineShape:
+    """The memory shape its stage kind declares (hpcrl.experiment.kinds)."""
+    shape = stage_of(cfg).offline
+    if shape is None:
+        raise ValueError(f"stage {cfg.stage!r} is not an offline stage")
+    return shape

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from hpcrl.experiment.stage_kinds import stage_of
 from hpcrl.plan.memory import MemoryPlan, predict
-from hpcrl.plan.offline import OFFLINE_STAGES, predict_offline
+from hpcrl.plan.offline import predict_offline
 
 if TYPE_CHECKING:
     from hpcrl.experiment.config import ExperimentConfig
@@ -15,6 +16,6 @@ if TYPE_CHECKING:
 
 def plan_of(cfg: ExperimentConfig, *, host_bytes: float | None = None) -> MemoryPlan:
     """The memory plan of `cfg`'s worst rank, whatever its stage."""
-    if cfg.stage in OFFLINE_STAGES:
+    if stage_of(cfg).offline is not None:
         return predict_offline(cfg, host_bytes=host_bytes)
     return predict(cfg, host_bytes=host_bytes)

@@ -1,7 +1,7 @@
 """Offline DPO and IPO: a policy trainer learns from preference pairs against a frozen reference model.
 
 `main(cfg, run_dir)` is the entrypoint of the `dpo` stage (`stage: dpo`, see templates/dpo_tiny.yaml; it
-reads the `dpo:` section, hpcrl.algorithm.config.DPOConfig); it runs on every rank after
+reads the `dpo:` section, hpcrl.experiment.kinds.dpo.DPOConfig); it runs on every rank after
 torch.distributed is initialised, like hpcrl.rl.job.main. `dpo.loss_type: kto` runs KTO's driver
 (hpcrl.posttrain.kto) instead, on the same data. Per step of DPO / IPO:
   1. sample `dpo.pairs_per_step` pairs (resumable cursor, hpcrl.data.cursor);

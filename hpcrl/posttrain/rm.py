@@ -1,7 +1,7 @@
 """Reward model (stage: rm): a scalar head on the last token learns which of two responses is preferred.
 
 `main(cfg, run_dir)` is the entrypoint of the `rm` stage (templates/rm_tiny.yaml; it reads the `rm:`
-section, hpcrl.algorithm.config.RMConfig), on every rank, checkpointed and resumed like every stage
+section, hpcrl.experiment.kinds.rm.RMConfig), on every rank, checkpointed and resumed like every stage
 (hpcrl.stages.trainer_stage). The model is the critic's: the GPT trunk (from `model.hf_path`, e.g. the
 SFT model, or random init) with a ScalarHead, read per position (hpcrl.train.logprobs.ScoreHead). Per step:
   1. sample `rm.pairs_per_step` preference pairs (flat or chat rows, hpcrl.data.preference; the built-in

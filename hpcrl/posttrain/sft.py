@@ -1,7 +1,7 @@
 """Supervised fine-tuning (stage: sft): the policy learns the answers of (prompt, answer) rows.
 
 `main(cfg, run_dir)` is the entrypoint of the `sft` stage (templates/sft_tiny.yaml; it reads the `sft:`
-section, hpcrl.algorithm.config.SFTConfig); it runs on every rank after torch.distributed is initialised,
+section, hpcrl.experiment.kinds.sft.SFTConfig); it runs on every rank after torch.distributed is initialised,
 like the RL and DPO jobs, and checkpoints and resumes like them (hpcrl.stages). Per step:
   1. sample `sft.examples_per_step` rows (resumable cursor, hpcrl.data.cursor);
   2. one [B, S] batch: prompt + answer + <eos>, right padded, the loss mask over answer and <eos>

@@ -7,8 +7,9 @@ from dataclasses import fields
 
 import pytest
 
-from hpcrl.algorithm.config import AlgorithmConfig, DPOConfig
-from hpcrl.algorithm.registry import ALGORITHMS, algorithm_problems, dpo_problems
+from hpcrl.algorithm.config import AlgorithmConfig
+from hpcrl.algorithm.registry import ALGORITHMS, algorithm_problems
+from hpcrl.experiment.kinds.dpo import DPOConfig, dpo_problems
 
 
 def test_the_config_names_exactly_the_registered_algorithms():

@@ -1,0 +1,193 @@
+"""The rl stage: online RL by the single-controller driver (trainer: hpcrl.rl.job). Its sections are
+owned by their components (placement: hpcrl.distributed.placement, rollout: hpcrl.rollout.config,
+algorithm: hpcrl.algorithm.config, reward: hpcrl.rewards.config); this module holds the rules that tie
+them to each other and to the shared sections, and the kind."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hpcrl.algorithm.registry import algorithm_problems
+from hpcrl.distributed.layout import ParallelLayout, model_problems
+from hpcrl.distributed.placement import placement_of
+from hpcrl.errors import Problem
+from hpcrl.experiment.frozen_models import frozen_models
+from hpcrl.experiment.kinds.kind import StageKind
+from hpcrl.experiment.rules import data_rules, gpus_per_node, model_dims
+from hpcrl.metrics.headline import Headline
+from hpcrl.rewards.function import function_problems
+from hpcrl.rewards.terms import reward_problems
+from hpcrl.rollout.engine_rule import EngineFacts, resolve_engine
+from hpcrl.train.config import ModelConfig
+
+if TYPE_CHECKING:
+    from hpcrl.experiment.config import ExperimentConfig
+
+
+def rl_rules(cfg: ExperimentConfig) -> list[Problem]:
+    """The RL stage's sections: sampling, the algorithm, whether an engine runs the generation layout,
+    the reward and the token budget (which must hold a prompt and its response)."""
+    return (
+        _engine_rules(cfg)
+        + _sampling_rules(cfg)
+        + _algorithm_rules(cfg)
+        + _reward_rules(cfg)
+        + _frozen_model_rules(cfg)
+        + _rl_token_budget_rules(cfg)
+        + data_rules(cfg, preference=None)
+    )
+
+
+def _frozen_model_rules(cfg: ExperimentConfig) -> list[Problem]:
+    """The frozen models a job loads from a directory of their own (hpcrl.experiment.frozen_models: the
+    distillation teacher, a megatron reward model): their layout keys are read only where the model is
+    there, and t_F * p_F divides the pool's t * p * d ranks; where config.json is readable here (else
+    the ranks check it before loading a weight, hpcrl.rl.roles), a model that layout divides and that
+    reads the policy's token ids with the same vocabulary."""
+    out = _unread_layout_keys(cfg)
+    student, _ = model_dims(cfg.model)
+    ranks = cfg.parallel.world_size
+    for frozen in frozen_models(cfg):
+        t_key, p_key = frozen.layout_keys
+        bad = [
+            (k, v) for k, v in zip(frozen.layout_keys, (frozen.tensor, frozen.pipeline), strict=True) if v < 1
+        ]
+        out += [Problem(f"must be >= 1, got {v}", key=k) for k, v in bad]
+        if bad:
+            continue
+        if ranks % (frozen.tensor * frozen.pipeline):
+            message = (
+                f"the {frozen.who}'s t*p = {frozen.tensor}*{frozen.pipeline} does not divide the "
+                f"{ranks} ranks of its pool (parallel.tensor * pipeline * data)"
+            )
+            out.append(Problem(message, key=t_key))
+            continue
+        layout = ParallelLayout(tensor=frozen.tensor, pipeline=frozen.pipeline, data=frozen.data(ranks))
+        out += [
+            Problem(m, key=frozen.path_key)
+            for m in _frozen_model_problems(frozen.model, frozen.who, student, layout)
+        ]
+    return out
+
+
+def _unread_layout_keys(cfg: ExperimentConfig) -> list[Problem]:
+    """A frozen model's layout key set where that model is not in the job (it would be ignored)."""
+    present = {f.role for f in frozen_models(cfg)}
+    algo, reward = cfg.algorithm, cfg.reward
+    keys = (
+        ("teacher", "algorithm.teacher_tensor", algo.teacher_tensor, "algorithm.name: distill"),
+        ("teacher", "algorithm.teacher_pipeline", algo.teacher_pipeline, "algorithm.name: distill"),
+        ("reward", "reward.model_tensor", reward.model_tensor, "reward.model_backend: megatron"),
+        ("reward", "reward.model_pipeline", reward.model_pipeline, "reward.model_backend: megatron"),
+    )
+    return [
+        Problem(f"only {who} reads it (this job has no such model)", key=key)
+        for role, key, value, who in keys
+        if value is not None and role not in present
+    ]
+
+
+def _frozen_model_problems(model: ModelConfig, who: str, student, layout) -> list[str]:
+    resolved, file_problems = model_dims(model)
+    problems = [_prefixed(p, who) for p in file_problems]
+    if resolved is not None and layout is not None:
+        problems += [_prefixed(p, who) for p in model_problems(layout, resolved)]
+    if resolved is not None and student is not None and resolved.vocab_size != student.vocab_size:
+        problems.append(
+            f"the {who}'s vocab_size {resolved.vocab_size} is not the policy's {student.vocab_size}"
+        )
+    return problems
+
+
+def _prefixed(problem: Problem, who: str) -> str:
+    """A problem of a frozen model's own config.json, said as that model's (its keys and file are not
+    the template's)."""
+    where = ":".join(part for part in (problem.file, problem.key) if part and part != "model.hf_path")
+    return f"the {who}'s {where}: {problem.message}" if where else f"the {who}: {problem.message}"
+
+
+def _engine_rules(cfg: ExperimentConfig) -> list[Problem]:
+    """Whether the rollout engine can run the generation layout (hpcrl.rollout.engine_rule decides)."""
+    par = cfg.parallel
+    model, _ = model_dims(cfg.model)
+    facts = EngineFacts.for_element(gpus_per_node(cfg))
+    split = not placement_of(cfg.placement).rollout_spans_element
+    problems = resolve_engine(
+        cfg.rollout,
+        par.rollout_tensor,
+        par.rollout_pipeline,
+        model or cfg.model,
+        facts,
+        split_placement=split,
+    )[1]
+    return [Problem(p.message, key=p.key or "parallel") for p in problems]
+
+
+def _sampling_rules(cfg: ExperimentConfig) -> list[Problem]:
+    """The rollout's sampling settings (every engine reads them)."""
+    r = cfg.rollout
+    rules = [
+        (
+            "rollout.max_new_tokens",
+            1 <= r.max_new_tokens <= 1 << 24,
+            f"must be in [1, 2^24] (a response has at least one token), got {r.max_new_tokens}",
+        ),
+        ("rollout.temperature", r.temperature >= 0, f"must be >= 0 (0 = greedy), got {r.temperature}"),
+        ("rollout.top_p", 0 < r.top_p <= 1, f"must be in (0, 1] (1 = off), got {r.top_p}"),
+        ("rollout.top_k", r.top_k >= 0, f"must be >= 0 (0 = off), got {r.top_k}"),
+        (
+            "rollout.max_num_seqs",
+            r.max_num_seqs is None or 1 <= r.max_num_seqs <= 1 << 20,
+            f"must be in [1, 2^20] (or null: a rank's whole share at once), got {r.max_num_seqs}",
+        ),
+    ]
+    return [Problem(message, key=key) for key, ok, message in rules if not ok]
+
+
+def _algorithm_rules(cfg: ExperimentConfig) -> list[Problem]:
+    """The algorithm's own rules (hpcrl.algorithm.registry owns them; the RL job checks them again)."""
+    r = cfg.rollout
+    return [
+        Problem(p.message, key=p.key or "algorithm")
+        for p in algorithm_problems(cfg.algorithm, r.samples_per_prompt, r.max_new_tokens)
+    ]
+
+
+def _rl_token_budget_rules(cfg: ExperimentConfig) -> list[Problem]:
+    """optim.max_tokens_per_micro_batch holds the longest sequence."""
+    budget, key = cfg.optim.max_tokens_per_micro_batch, "optim.max_tokens_per_micro_batch"
+    longest = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+    if budget is not None and budget < longest:
+        return [
+            Problem(
+                f"{budget} tokens cannot hold the longest sequence: data.max_prompt_length + "
+                f"rollout.max_new_tokens = {longest}",
+                key=key,
+            )
+        ]
+    return []
+
+
+def _reward_rules(cfg: ExperimentConfig) -> list[Problem]:
+    """The reward section's own rules (hpcrl.rewards.terms owns them; the ranks check them again) and the
+    reward function's source, read without running it."""
+    out = [Problem(p.message, key=p.key or "reward") for p in reward_problems(cfg.reward, cfg.data)]
+    if cfg.reward.function is not None:
+        for problem in function_problems(cfg.reward.function):
+            out.append(
+                Problem(
+                    f"{problem.file}: {problem.message}" if problem.file else problem.message, key=problem.key
+                )
+            )
+    return out
+
+
+KIND = StageKind(
+    name="rl",
+    entrypoint="hpcrl.rl.job:main",
+    sections=("placement", "rollout", "algorithm", "reward"),
+    rules=rl_rules,
+    steps_key="algorithm.steps",
+    headline=Headline(),
+    rehearsed=True,
+)

@@ -1,0 +1,53 @@
+"""The sft stage: supervised fine-tuning on (prompt, answer) rows (trainer: hpcrl.posttrain.sft)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from hpcrl.errors import Problem
+from hpcrl.experiment.kinds.kind import OfflineShape, StageKind, accuracy_headline, loop_problems
+from hpcrl.experiment.rules import data_rules
+
+if TYPE_CHECKING:
+    from hpcrl.experiment.config import ExperimentConfig
+
+
+@dataclass(kw_only=True)
+class SFTConfig:
+    """Supervised fine-tuning (stage: sft): the policy learns the answers of (prompt, answer) rows."""
+
+    steps: int = 100
+    """Training steps (one update on `examples_per_step` rows each)."""
+    examples_per_step: int = 32
+    """(prompt, answer) rows per step; the loss counts answer tokens (and the closing <eos>) only."""
+    eval_every: int = 10
+    """Evaluate held-out loss and greedy exact match every this many steps (0: never)."""
+
+
+def sft_problems(sft: SFTConfig) -> list[Problem]:
+    """Every problem of the SFT stage's own settings."""
+    return loop_problems("sft", sft.steps, "examples_per_step", sft.examples_per_step, sft.eval_every)
+
+
+def sft_rules(cfg: ExperimentConfig) -> list[Problem]:
+    """The SFT stage's section, its data file's rows, and one row per DP rank at least."""
+    out = sft_problems(cfg.sft) + data_rules(cfg, preference=None)
+    rows, ranks = cfg.sft.examples_per_step, cfg.parallel.data
+    if 1 <= rows < ranks:
+        message = f"{rows} rows per step leave some of the {ranks} DP ranks empty"
+        out.append(Problem(message, key="sft.examples_per_step"))
+    return out
+
+
+KIND = StageKind(
+    name="sft",
+    entrypoint="hpcrl.posttrain.sft:main",
+    sections=("sft",),
+    rules=sft_rules,
+    steps_key="sft.steps",
+    headline=accuracy_headline(
+        "SFT", "sft/token_accuracy", "sft/heldout_exact_match", "token accuracy", "held-out exact match"
+    ),
+    offline=OfflineShape("policy", lambda cfg: cfg.sft.examples_per_step),
+)
