@@ -18,29 +18,27 @@ config error (in the template, or in a rehearsal: a derivation bug, reported as 
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 from hpcrl.cli.common import add_template_arguments, overrides_from
 from hpcrl.cli.plan import human
-from hpcrl.cluster.profiles import NOT_IN_TEMPLATES
-from hpcrl.config.schema import with_values
-from hpcrl.config.yaml_io import canonical_json, dump_yaml
-from hpcrl.distributed.layout import ParallelLayout
-from hpcrl.distributed.placement import placement_of
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.resolve import resolve
 from hpcrl.experiment.stage_kinds import require_rehearsed
 from hpcrl.launcher import local, sweeps
 from hpcrl.plan.memory import predict
-from hpcrl.rehearse.derive import MAX_RANKS, STEPS, Rehearsal, derive
-from hpcrl.rehearse.report import check
+from hpcrl.rehearse.derive import MAX_RANKS, STEPS, Rehearsal
+from hpcrl.rehearse.workdir import (
+    RUN_DIR,
+    launch_log,
+    read_report,
+    rehearsal_identity,
+    rehearsal_of,
+    write_rehearsal,
+)
 from hpcrl.rollout.engine_rule import vllm_device
-from hpcrl.train.config import ARCHITECTURE_FIELDS, ModelConfig
-from hpcrl.train.hf_config import ModelDimsUnavailable, with_hf_architecture
 
 HELP = (
     "Rehearse a (GPU) recipe on CPU: its layout, dtype, backends, engine and a save + resume, at tiny sizes."
@@ -87,75 +85,27 @@ def main(args) -> int:
     return 1 if failed else 0
 
 
-def rehearsal_of(
-    element, where: Path, model: str | None, steps: int, max_ranks: int, vllm_here: bool
-) -> Rehearsal:
-    """The rehearsal of one sweep element, run under `where` (`model`: an HF directory at real size)."""
-    return derive(
-        _with_model(element.config, model),
-        run_root=str(where / "runs"),
-        model_dir=model or str(where / "model"),
-        vllm_here=vllm_here,
-        steps=steps,
-        max_ranks=max_ranks,
-        real_model=model is not None,
-    )
-
-
 def _checked_index(index: int, sweep) -> int:
     if not 0 <= index < len(sweep.elements):
         raise ConfigError(Problem(f"--index {index} is outside 0..{len(sweep.elements) - 1}", key="--index"))
     return index
 
 
-def _with_model(cfg, model_dir: str | None):
-    """The element with its model's architecture resolved: from `model_dir` (real size), from the
-    recipe's own config.json where readable, else as the template spells it."""
-    model = dataclasses.replace(cfg.model, hf_path=model_dir) if model_dir else cfg.model
-    if model_dir:  # the directory's dims replace the recipe's
-        model = dataclasses.replace(model, **dict.fromkeys(ARCHITECTURE_FIELDS))
-    try:
-        model = with_hf_architecture(model)
-    except ModelDimsUnavailable:
-        if model_dir:
-            raise
-    return dataclasses.replace(cfg, model=model)
-
-
-def rehearsal_identity(data: dict, rehearsal: Rehearsal) -> str:
-    """What makes two elements' rehearsals the same run (their paths and names aside)."""
-    derived = with_values(
-        data, {k: v for k, v in rehearsal.overrides.items() if k not in ("run_root", "model.hf_path")}
-    )
-    derived.pop("name", None)
-    return canonical_json(derived)
-
-
 def _rehearse(element, rehearsal: Rehearsal, where: Path, args, *, real_model: bool) -> bool:
     """Write, run twice (save, resume), check and report one rehearsal; True when it passed."""
     for note in rehearsal.notes:
         print(f"  {note}")
-    where.mkdir(parents=True, exist_ok=False)
-    data = with_values(element.data, rehearsal.overrides)
-    for key in NOT_IN_TEMPLATES:  # a profile's or the command line's, and the rehearsal has neither
-        data["cluster"].pop(key, None)
-    template = where / "rehearsal.yaml"
-    template.write_text(dump_yaml(data))
-    if rehearsal.model_dir and not real_model:
-        _write_tiny_model(rehearsal, Path(rehearsal.overrides["model.hf_path"]), element.config.model.dtype)
+    template = write_rehearsal(element, rehearsal, where, real_model=real_model)
     start = time.perf_counter()
-    run_dir = where / "run"
     codes = [
-        _launch(template, run_dir, where / f"launch-{n}.log", steps)
+        _launch(template, where / RUN_DIR, launch_log(where, n), steps)
         for n, steps in enumerate((args.steps - 1, args.steps), start=1)
     ]
     wall = time.perf_counter() - start
     if any(codes):
         print(f"  FAIL: launch exit codes {codes}; logs: {where}/launch-*.log ({wall:.0f} s)")
         return False
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
-    resume_log = (where / "launch-2.log").read_text(errors="replace")
-    report = check(rows, args.steps, resume_log, _bound_bytes(element, rehearsal))
+    report = read_report(element, rehearsal, where, args.steps)
     for line in report.lines():
         print(f"  {line}")
     _print_memory_plan(element)
@@ -175,34 +125,6 @@ def _launch(template: Path, run_dir: Path, log: Path, steps: int) -> int:
         return local.run_local(
             config_path, run_dir, cluster.nodes * cluster.tasks_per_node, cluster.env, log=out
         )
-
-
-def _write_tiny_model(rehearsal: Rehearsal, out_dir: Path, dtype: str) -> None:
-    # transformers and torch: only when a rehearsal runs (`hpcrl --help` imports every command module)
-    from hpcrl.data.tokenizer import model_tokenizer
-    from hpcrl.train.hf_dir import write_random_model
-
-    cfg = ModelConfig(**rehearsal.model, dtype=dtype)
-    write_random_model(cfg, out_dir, model_tokenizer(None, cfg.vocab_size))
-
-
-def _bound_bytes(element, rehearsal: Rehearsal) -> int | None:
-    """Rank 0's planned receive bytes per weight sync (None on the async placement: its transfer is
-    cross-pool, logged under weights/)."""
-    if placement_of(element.config.placement).off_policy:
-        return None
-    # torch (through hpcrl.train.model's norm dtype rule): only when a rehearsal runs
-    from hpcrl.reshard.build import model_param_metas
-    from hpcrl.reshard.planner import plan_rank
-
-    o = rehearsal.overrides
-    sizes = {
-        n: o[f"parallel.{n}"] for n in ("tensor", "pipeline", "data", "rollout_tensor", "rollout_pipeline")
-    }
-    model = ModelConfig(**rehearsal.model, dtype=element.config.model.dtype)
-    return plan_rank(
-        ParallelLayout(**sizes), model_param_metas(model, sizes["pipeline"]), 0, bucket_bytes=64 << 20
-    ).lower_bound_bytes()
 
 
 def _print_memory_plan(element) -> None:

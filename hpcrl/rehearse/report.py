@@ -13,7 +13,7 @@ Checks (each failure one line naming the step and the metric):
 - the reshard's bytes received equal the planned bound (`reshard/bytes_received`), when one is given;
 - loss, grad norm and the rollout-vs-trainer log-prob mismatch are finite.
 
-Pure: rows in, a `Report` out; hpcrl.cli.rehearse prints it.
+Pure: rows in, a `Report` out; hpcrl.rehearse.workdir reads the rows, hpcrl.cli.rehearse prints it.
 """
 
 from __future__ import annotations

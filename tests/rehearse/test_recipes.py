@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from hpcrl.cli.rehearse import rehearsal_identity, rehearsal_of
 from hpcrl.experiment.resolve import resolve
 from hpcrl.rehearse.derive import STEPS
+from hpcrl.rehearse.workdir import rehearsal_identity, rehearsal_of
 from hpcrl.rollout.engine_rule import vllm_device
 
 REPO = Path(__file__).resolve().parents[2]
