@@ -115,127 +115,104 @@ def check_sweep(
 
     `locked(key)` returns a reason when `key` may not be swept here (e.g. it was set on the command line).
     """
-    problems: list[Problem] = []
     if sweep is None:
-        return EMPTY_PLAN, problems
+        return EMPTY_PLAN, []
     if not isinstance(sweep, dict):
         return EMPTY_PLAN, [
             Problem(f"expected a mapping with {list(SECTIONS)}, got {short(sweep)}", file, "sweep")
         ]
+    checker = _SweepChecker(file, leaf_types, locked)
     for section in sweep:
         if section not in SECTIONS:
-            problems.append(
-                Problem(
-                    f"unknown sweep section{suggest(str(section), list(SECTIONS))}", file, f"sweep.{section}"
-                )
-            )
-    owner: dict[str, str] = {}
-
-    def check_axis_key(key: Any, where: str) -> bool:
-        if not isinstance(key, str) or key not in leaf_types:
-            hint = suggest(str(key), list(leaf_types))
-            problems.append(Problem(f"bad sweep axis: {short(key)} is not a config key{hint}", file, where))
-            return False
-        reason = SWEEP_LEVEL_KEYS.get(key) or locked(key)
-        if reason:
-            problems.append(Problem(f"bad sweep axis: {short(key)} cannot be swept ({reason})", file, where))
-            return False
-        return True
-
-    def check_values(key: str, values: list[Any], where: str) -> list[Any]:
-        out = []
-        for i, value in enumerate(values):
-            try:
-                out.append(check_value(value, leaf_types[key]))
-            except TypeMismatch as err:
-                problems.append(Problem(f"wrong type: {err}", file, f"{where}[{i}]"))
-        return out
-
-    def check_axes(section: str) -> dict[str, list[Any]]:
-        axes = sweep.get(section) or {}
-        if not isinstance(axes, dict):
-            problems.append(
-                Problem(
-                    f"expected a mapping of dotted key -> list, got {short(axes)}", file, f"sweep.{section}"
-                )
-            )
-            return {}
-        out: dict[str, list[Any]] = {}
-        for key, values in axes.items():
-            where = f"sweep.{section}.{key}"
-            if not check_axis_key(key, where):
-                continue
-            if key in owner:
-                problems.append(
-                    Problem(f"bad sweep axis: {short(key)} is already swept in {owner[key]}", file, where)
-                )
-                continue
-            owner[key] = f"sweep.{section}"
-            if not isinstance(values, list) or not values:
-                problems.append(
-                    Problem(f"expected a non-empty list of values, got {short(values)}", file, where)
-                )
-                continue
-            out[key] = check_values(key, values, where)
-        return out
-
-    grid = check_axes("grid")
-    zipped = check_axes("zip")
+            hint = suggest(str(section), list(SECTIONS))
+            checker.problem(f"unknown sweep section{hint}", f"sweep.{section}")
+    grid = checker.axes(sweep.get("grid"), "sweep.grid")
+    zipped = checker.axes(sweep.get("zip"), "sweep.zip")
     lengths = {
         key: len(values) for key, values in (sweep.get("zip") or {}).items() if isinstance(values, list)
     }
     if len(set(lengths.values())) > 1:
         detail = ", ".join(f"{k}={n}" for k, n in lengths.items())
-        problems.append(Problem(f"zip axes have unequal lengths ({detail})", file, "sweep.zip"))
-    points = _check_points(sweep.get("list"), file, owner, check_axis_key, check_values, problems)
-    plan = SweepPlan(grid=grid, zip=zipped, points=points)
+        checker.problem(f"zip axes have unequal lengths ({detail})", "sweep.zip")
+    plan = SweepPlan(grid=grid, zip=zipped, points=checker.points(sweep.get("list")))
     if len(plan) > MAX_ELEMENTS:
-        problems.append(
-            Problem(f"{len(plan):,} elements; a sweep has at most {MAX_ELEMENTS:,}", file, "sweep")
-        )
-        return EMPTY_PLAN, problems
-    return plan, problems
+        checker.problem(f"{len(plan):,} elements; a sweep has at most {MAX_ELEMENTS:,}", "sweep")
+        return EMPTY_PLAN, checker.problems
+    return plan, checker.problems
 
 
-def _check_points(
-    entries: Any,
-    file: str | None,
-    owner: dict[str, str],
-    check_axis_key: Callable[[Any, str], bool],
-    check_values: Callable[[str, list[Any], str], list[Any]],
-    problems: list[Problem],
-) -> list[dict[str, Any]]:
-    if entries is None:
-        return []
-    if not isinstance(entries, list) or not entries:
-        problems.append(
-            Problem(f"expected a non-empty list of mappings, got {short(entries)}", file, "sweep.list")
-        )
-        return []
-    points = []
-    for i, entry in enumerate(entries):
-        where = f"sweep.list[{i}]"
-        if not isinstance(entry, dict):
-            problems.append(
-                Problem(f"expected a mapping of dotted key -> value, got {short(entry)}", file, where)
-            )
-            continue
-        point = {}
-        for key, value in entry.items():
-            if not check_axis_key(key, f"{where}.{key}"):
+class _SweepChecker:
+    """The checks of one `sweep:` section's axes; every problem is collected, none raised."""
+
+    def __init__(self, file: str | None, leaf_types: dict[str, Any], locked: Callable[[str], str | None]):
+        self.file, self.leaf_types, self.locked = file, leaf_types, locked
+        self.problems: list[Problem] = []
+        self.owner: dict[str, str] = {}
+        """Each swept key -> the section sweeping it (a key is swept by one section)."""
+
+    def problem(self, message: str, where: str) -> None:
+        self.problems.append(Problem(message, self.file, where))
+
+    def axes(self, axes: Any, section: str) -> dict[str, list[Any]]:
+        """A grid or zip section's axes, {key: checked values}, the bad ones left out."""
+        axes = axes or {}
+        if not isinstance(axes, dict):
+            self.problem(f"expected a mapping of dotted key -> list, got {short(axes)}", section)
+            return {}
+        out: dict[str, list[Any]] = {}
+        for key, values in axes.items():
+            where = f"{section}.{key}"
+            if not self._claim(key, section, where):
                 continue
-            if owner.get(key, "sweep.list") != "sweep.list":
-                problems.append(
-                    Problem(
-                        f"bad sweep axis: {short(key)} is already swept in {owner[key]}",
-                        file,
-                        f"{where}.{key}",
-                    )
-                )
+            if not isinstance(values, list) or not values:
+                self.problem(f"expected a non-empty list of values, got {short(values)}", where)
                 continue
-            owner[key] = "sweep.list"
-            checked = check_values(key, [value], f"{where}.{key}")
-            if checked:
-                point[key] = checked[0]
-        points.append(point)
-    return points
+            out[key] = self._values(key, values, where)
+        return out
+
+    def points(self, entries: Any) -> list[dict[str, Any]]:
+        """The `list` section's points, each {key: checked value}."""
+        if entries is None:
+            return []
+        if not isinstance(entries, list) or not entries:
+            self.problem(f"expected a non-empty list of mappings, got {short(entries)}", "sweep.list")
+            return []
+        points = []
+        for i, entry in enumerate(entries):
+            where = f"sweep.list[{i}]"
+            if not isinstance(entry, dict):
+                self.problem(f"expected a mapping of dotted key -> value, got {short(entry)}", where)
+                continue
+            point = {}
+            for key, value in entry.items():
+                if self._claim(key, "sweep.list", f"{where}.{key}"):
+                    checked = self._values(key, [value], f"{where}.{key}")
+                    point.update({key: checked[0]} if checked else {})
+            points.append(point)
+        return points
+
+    def _claim(self, key: Any, section: str, where: str) -> bool:
+        """True when `key` is a config key this section may sweep (one the list section already sweeps
+        may appear in another point of it)."""
+        if not isinstance(key, str) or key not in self.leaf_types:
+            hint = suggest(str(key), list(self.leaf_types))
+            self.problem(f"bad sweep axis: {short(key)} is not a config key{hint}", where)
+            return False
+        reason = SWEEP_LEVEL_KEYS.get(key) or self.locked(key)
+        if reason:
+            self.problem(f"bad sweep axis: {short(key)} cannot be swept ({reason})", where)
+            return False
+        if self.owner.get(key, section) != section or (key in self.owner and section != "sweep.list"):
+            self.problem(f"bad sweep axis: {short(key)} is already swept in {self.owner[key]}", where)
+            return False
+        self.owner[key] = section
+        return True
+
+    def _values(self, key: str, values: list[Any], where: str) -> list[Any]:
+        out = []
+        for i, value in enumerate(values):
+            try:
+                out.append(check_value(value, self.leaf_types[key]))
+            except TypeMismatch as err:
+                self.problem(f"wrong type: {err}", f"{where}[{i}]")
+        return out

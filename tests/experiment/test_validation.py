@@ -113,3 +113,19 @@ def test_cluster_numbers_sbatch_would_take_are_refused_at_expand(overrides, key,
     assert cli.main(["expand", str(template), *overrides]) == 2
     problems = [line for line in capsys.readouterr().err.splitlines() if line.startswith("  - ")]
     assert [p.split(":")[1] for p in problems] == [key], problems
+
+
+def test_a_key_swept_by_two_sections_is_named_where_it_repeats(tmp_path, capsys):
+    """A key belongs to one sweep section; the list section may name it in several points."""
+    t = tmp_path / "t.yaml"
+    t.write_text(
+        "sweep:\n"
+        "  grid: {seed: [1, 2]}\n"
+        "  zip: {seed: [3, 4], optim.lr: [0.1, 0.2]}\n"
+        "  list: [{optim.lr: 0.3}, {algorithm.kl_coef: 0.1}, {algorithm.kl_coef: 0.2}]\n"
+    )
+    assert cli.main(["expand", str(t)]) == 2
+    err = capsys.readouterr().err
+    assert f"{t}:sweep.zip.seed: bad sweep axis: 'seed' is already swept in sweep.grid" in err
+    assert f"{t}:sweep.list[0].optim.lr: bad sweep axis: 'optim.lr' is already swept in sweep.zip" in err
+    assert "kl_coef" not in err and err.count("already swept") == 2
