@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from hpcrl.errors import Problem
+from hpcrl.config.ranges import EveryNSteps, Positive, Range
 
 
 @dataclass(kw_only=True)
@@ -15,9 +15,9 @@ class CheckpointConfig:
 
     dir: str | None = None
     """Checkpoint directory; None = <run_dir>/checkpoints."""
-    every_steps: int = 10
+    every_steps: EveryNSteps = 10
     """Save every this many steps (0: only on signal / time limit / end)."""
-    keep_last: int = 2
+    keep_last: Annotated[int, Range(ge=1, le=1 << 16)] = 2
     """Committed checkpoints kept; older ones are deleted after a newer one verifies."""
     async_save: bool = True
     """Snapshot to host memory and write in the background; at most one save in flight."""
@@ -42,29 +42,15 @@ class CheckpointConfig:
     """On resume, fall back to the previous committed checkpoint when `latest` does not verify; the
     rejected one is renamed `step_N.rejected-<UTC time>` (kept for inspection, see `keep_rejected`; it
     never blocks a commit)."""
-    keep_rejected: int = 1
+    keep_rejected: Annotated[int, Range(ge=0, le=1 << 16)] = 1
     """Rejected checkpoints (`step_N.rejected-<UTC time>`) kept for inspection, the newest first; older
     ones are deleted before the next save (0: all of them). A rejected checkpoint is as large as a good
     one, and a run that falls back after each of many crashes would otherwise fill the disk with them."""
-    deadline_safety: float = 1.5
-    """Save and stop when the job's time left < this x (slowest step + slowest save)."""
-    timeout_s: float = 600.0
+    deadline_safety: Annotated[float, Range(ge=0, le=100)] = 1.5
+    """Save and stop when the job's time left < this x (slowest step + slowest save); 0: no deadline
+    save (the time limit's signal alone stops the job)."""
+    timeout_s: Positive = 600.0
     """Rank 0 waits this long for every rank's file of a save before the save fails (not committed)."""
-
-
-def checkpoint_problems(cfg: CheckpointConfig) -> list[Problem]:
-    """The counts of this section, as (dotted key, message): checked at expand/submit, not first on the
-    ranks (a Checkpointer refuses them too)."""
-    rules = [
-        (
-            "checkpoint.every_steps",
-            cfg.every_steps >= 0,
-            f"must be >= 0 (0: no periodic save), got {cfg.every_steps}",
-        ),
-        ("checkpoint.keep_last", cfg.keep_last >= 1, f"must be >= 1, got {cfg.keep_last}"),
-        ("checkpoint.keep_rejected", cfg.keep_rejected >= 0, f"must be >= 0, got {cfg.keep_rejected}"),
-    ]
-    return [Problem(message, key=key) for key, ok, message in rules if not ok]
 
 
 def checkpoint_root(cfg: CheckpointConfig, run_dir: str | Path) -> Path:

@@ -91,7 +91,8 @@ def overrides_from(args) -> dict[str, Any]:
             try:  # a str field given something YAML reads as a number/bool: take it verbatim
                 out[key] = check_value(raw, hint)
             except TypeMismatch:
-                problems.append(Problem(f"wrong type: {err}", "command line", key))
+                label = err.label if isinstance(err, TypeMismatch) else "wrong type"
+                problems.append(Problem(f"{label}: {err}", "command line", key))
     if problems:
         raise ConfigError(problems)
     return out

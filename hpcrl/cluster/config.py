@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Annotated, Literal
+
+from hpcrl.config.ranges import Range
+
+MAX_TIME_MIN = 10 * 366 * 24 * 60
+"""Ten years: a longer time limit is a typo or an attack, and sbatch would take it as given
+(`#SBATCH --time=10^30`). The other counts' bounds (65,536 CPUs per task, 2^20 nodes) are as far above
+any machine."""
+MAX_MEM_GB = 1 << 20
+"""1 PiB per node."""
 
 
 @dataclass(kw_only=True)
@@ -22,36 +31,36 @@ class ClusterConfig:
     """Slurm account."""
     qos: str | None = None
     """Slurm QOS."""
-    nodes: int = 1
+    nodes: Annotated[int, Range(ge=1, le=1 << 20)] = 1
     """Nodes per array element."""
-    tasks_per_node: int = 1
+    tasks_per_node: Annotated[int, Range(ge=1, le=1 << 16)] = 1
     """Ranks per node (one per GPU on GPU clusters). With the local executor, when no template, profile,
     sweep or command line sets it, the layout's rank count / nodes (hpcrl.experiment.elements)."""
-    gpus_per_node: int = 0
+    gpus_per_node: Annotated[int, Range(ge=0, le=1 << 10)] = 0
     """GPUs per node (--gpus-per-node)."""
     gres: str | None = None
     """Explicit --gres (e.g. gpu:a100:8); overrides gpus_per_node when set."""
-    cpus_per_task: int | None = None
+    cpus_per_task: Annotated[int, Range(ge=1, le=1 << 16)] | None = None
     """CPUs per rank. Unset (null): on Slurm, the CPUs of the partition's smallest node that fits the
     request / tasks_per_node, read from the controller at submit (hpcrl.launcher.preflight); without a
     node list, left to Slurm's default (1). OMP_NUM_THREADS follows it unless `env` sets it."""
-    mem_gb: float | None = None
+    mem_gb: Annotated[float, Range(gt=0, le=MAX_MEM_GB)] | None = None
     """Memory per node in GB (None: cluster default)."""
-    time_min: int = 60
+    time_min: Annotated[int, Range(ge=1, le=MAX_TIME_MIN)] = 60
     """Wall-clock limit of one element, minutes."""
     constraint: str | None = None
     """--constraint (e.g. a100&ib)."""
     exclusive: bool = False
     """Whole nodes."""
-    array_parallelism: int = 64
+    array_parallelism: Annotated[int, Range(ge=1, le=1 << 20)] = 64
     """Array elements running at once (%N)."""
-    signal_delay_s: int = 90
+    signal_delay_s: Annotated[int, Range(ge=0, le=MAX_TIME_MIN * 60)] = 90
     """Seconds before the time limit at which Slurm signals every rank (submitit's --signal=USR2@N) so
     the element checkpoints (hpcrl.lifecycle relays it to the save trigger) and is requeued."""
-    max_requeues: int = 3
+    max_requeues: Annotated[int, Range(ge=0, le=1 << 16)] = 3
     """Times an element is requeued after its time-limit signal (submitit's max_num_timeout); each requeue
     resumes from the latest checkpoint. Preemptions do not count against it."""
-    stop_grace_s: float = 5.0
+    stop_grace_s: Annotated[float, Range(ge=0, le=3600)] = 5.0
     """Local executor: after Ctrl-C or SIGTERM of `hpcrl run` (forwarded to the ranks), or once one rank
     died, the other ranks get this many seconds to end on their own; then they are SIGKILLed."""
     env: dict[str, str] = field(default_factory=dict)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 
 from hpcrl.cluster.config import ClusterConfig
+from hpcrl.config.schema import range_problems
 from hpcrl.errors import Problem, short
 
 _DIRECTIVE_SAFE = re.compile(r"[\w.,:&|!*+\[\]()@/%=-]+")
@@ -167,51 +168,16 @@ def check_cluster(cluster: ClusterConfig) -> list[Problem]:
 
 
 def _range_problems(cluster: ClusterConfig) -> list[Problem]:
-    """Numbers sbatch would take as given (`--mem=-10GB`) or that break the job's own schedule: the
-    warning signal must come inside the time limit, or the job is told to save and stop the moment it
-    starts (USR2@300 on a 1-minute job was killed after 8 s, FAILED)."""
+    """Numbers sbatch would take as given (`--mem=-10GB`, `--time=10^30`: each field's Range, checked
+    here too for a config built in code) or that break the job's own schedule: the warning signal must
+    come inside the time limit, or the job is told to save and stop the moment it starts (USR2@300 on
+    a 1-minute job was killed after 8 s, FAILED)."""
+    out = range_problems(cluster, "cluster.")
     limit_s = cluster.time_min * 60
-    rules = _upper_bounds(cluster) + [
-        ("cluster.gpus_per_node", cluster.gpus_per_node >= 0, f"must be >= 0, got {cluster.gpus_per_node}"),
-        (
-            "cluster.mem_gb",
-            cluster.mem_gb is None or 0 < cluster.mem_gb <= MAX_MEM_GB,
-            f"must be in (0, {MAX_MEM_GB}] GB (or null: the partition's default), got {cluster.mem_gb}",
-        ),
-        (
-            "cluster.signal_delay_s",
-            cluster.signal_delay_s >= 0,
-            f"must be >= 0, got {cluster.signal_delay_s}",
-        ),
-        (
-            "cluster.signal_delay_s",
-            cluster.signal_delay_s < 0 or cluster.time_min < 1 or cluster.signal_delay_s < limit_s,
+    if not out and cluster.signal_delay_s >= limit_s:
+        message = (
             f"the warning signal {cluster.signal_delay_s} s before the end must come after the start: "
-            f"below cluster.time_min = {cluster.time_min} min = {limit_s} s",
-        ),
-        ("cluster.stop_grace_s", cluster.stop_grace_s >= 0, f"must be >= 0, got {cluster.stop_grace_s}"),
-    ]
-    return [Problem(message, key=key) for key, ok, message in rules if not ok]
-
-
-MAX_COUNTS = {
-    "nodes": 1 << 20,
-    "tasks_per_node": 1 << 16,
-    "cpus_per_task": 1 << 16,
-    "gpus_per_node": 1 << 10,
-    "time_min": 10 * 366 * 24 * 60,
-    "array_parallelism": 1 << 20,
-    "max_requeues": 1 << 16,
-}
-"""Upper bounds far above any machine (10 years of time limit, 65,536 CPUs per task): a larger value is
-a typo or an attack, and sbatch would take it as given (`#SBATCH --time=10^30`)."""
-MAX_MEM_GB = 1 << 20
-"""1 PiB per node; also refuses inf and NaN (the comparison is False for NaN)."""
-
-
-def _upper_bounds(cluster: ClusterConfig) -> list[tuple[str, bool, str]]:
-    return [
-        (f"cluster.{name}", value is None or value <= bound, f"must be <= {bound}, got {short(value)}")
-        for name, bound in MAX_COUNTS.items()
-        if isinstance(value := getattr(cluster, name), int | None)
-    ]
+            f"below cluster.time_min = {cluster.time_min} min = {limit_s} s"
+        )
+        out.append(Problem(message, key="cluster.signal_delay_s"))
+    return out

@@ -16,8 +16,9 @@ import difflib
 import functools
 import types
 import typing
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
+from hpcrl.config.ranges import Range
 from hpcrl.errors import Problem, short
 
 _NO_VALUE = object()
@@ -26,11 +27,20 @@ _NO_VALUE = object()
 class TypeMismatch(ValueError):
     """A value does not fit a type hint; the message says what was expected."""
 
+    label = "wrong type"
+    """How a problem report introduces the message."""
+
+
+class OutOfRange(TypeMismatch):
+    """A number of the right type outside its field's Range (hpcrl.config.ranges)."""
+
+    label = "out of range"
+
 
 @functools.cache
 def field_types(cls: type) -> dict[str, Any]:
     """Resolved type hints of a dataclass's fields (postponed annotations evaluated)."""
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)  # keep Annotated ranges
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
@@ -53,21 +63,33 @@ def leaf_types(cls: type) -> dict[str, Any]:
 def describe(hint: Any) -> str:
     """A short human name of a type hint: int, float, one of ['a', 'b'], str or null, ..."""
     origin = typing.get_origin(hint)
+    if origin is Annotated:
+        base, *extras = typing.get_args(hint)
+        return " ".join([describe(base), *(str(r) for r in extras if isinstance(r, Range))])
     if origin is Literal:
         return f"one of {list(typing.get_args(hint))}"
     if origin in (Union, types.UnionType):
         args = typing.get_args(hint)
         return " or ".join("null" if a is type(None) else describe(a) for a in args)
+    if origin is tuple:
+        return f"tuple[{', '.join(describe(a) for a in typing.get_args(hint))}]"
     if origin is not None:
         return str(hint).replace("typing.", "")
     return getattr(hint, "__name__", str(hint))
 
 
 def check_value(value: Any, hint: Any) -> Any:
-    """Return `value` normalised to `hint`, or raise TypeMismatch. bool is never accepted as a number."""
+    """Return `value` normalised to `hint`, or raise TypeMismatch (OutOfRange for a number outside its
+    Range). bool is never accepted as a number."""
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
     if hint is Any:
+        return value
+    if origin is Annotated:
+        value = check_value(value, args[0])
+        for extra in args[1:]:
+            if isinstance(extra, Range) and (problem := extra.problem(value)):
+                raise OutOfRange(problem)
         return value
     if origin is Literal:
         if value in args and not (isinstance(value, bool) and not any(isinstance(a, bool) for a in args)):
@@ -76,13 +98,18 @@ def check_value(value: Any, hint: Any) -> Any:
     if origin in (Union, types.UnionType):
         if value is None and type(None) in args:
             return None
+        out_of_range = None
         for arg in args:
             if arg is type(None):
                 continue
             try:
                 return check_value(value, arg)
+            except OutOfRange as err:  # the right type: its range is the message
+                out_of_range = err
             except TypeMismatch:
                 continue
+        if out_of_range is not None:
+            raise out_of_range
         raise TypeMismatch(f"expected {describe(hint)}, got {short(value)} ({type(value).__name__})")
     if origin is dict:
         key_t, val_t = args or (Any, Any)
@@ -170,13 +197,43 @@ def check_tree(
         try:
             out[key] = check_value(value, hint)
         except TypeMismatch as err:
-            problems.append(Problem(f"wrong type: {err}", origin_of(dotted), dotted))
+            problems.append(Problem(f"{err.label}: {err}", origin_of(dotted), dotted))
     for f in dataclasses.fields(cls):
         missing = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         if missing and f.name not in data:
             dotted = f"{prefix}{f.name}"
             problems.append(Problem("missing required field", origin_of(dotted), dotted))
     return out, problems
+
+
+def range_of(hint: Any) -> tuple[type, Range] | None:
+    """(the number type, its Range) of a field's hint `Annotated[T, Range(...)]`, optionally `| None`
+    (or a tuple of them: its first item's); None for a hint without a range."""
+    for arg in (hint, *typing.get_args(hint)):
+        if typing.get_origin(arg) is Annotated:
+            base, *extras = typing.get_args(arg)
+            ranges = [extra for extra in extras if isinstance(extra, Range)]
+            if ranges:
+                return base, ranges[0]
+    return None
+
+
+def range_problems(obj: Any, prefix: str = "") -> list[Problem]:
+    """Every value of a (nested) config dataclass instance outside its field's Range, by dotted key: for
+    a config built in code (a template's values are checked by check_tree, before a dataclass exists)."""
+    problems = []
+    for name, hint in field_types(type(obj)).items():
+        value, key = getattr(obj, name), f"{prefix}{name}"
+        if is_config_class(hint):
+            problems += range_problems(value, f"{key}.")
+            continue
+        try:
+            check_value(value, hint)
+        except OutOfRange as err:
+            problems.append(Problem(f"{err.label}: {err}", key=key))
+        except TypeMismatch:
+            pass  # a type the code put there: not a range for this check to report
+    return problems
 
 
 def build(cls: type, data: dict[str, Any]) -> Any:

@@ -214,5 +214,5 @@ class _SweepChecker:
             try:
                 out.append(check_value(value, self.leaf_types[key]))
             except TypeMismatch as err:
-                self.problem(f"wrong type: {err}", f"{where}[{i}]")
+                self.problem(f"{err.label}: {err}", f"{where}[{i}]")
         return out

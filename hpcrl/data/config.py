@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
+
+from hpcrl.config.ranges import Range, Seed
 
 
 @dataclass(kw_only=True)
@@ -21,13 +23,13 @@ class DataConfig:
     """Field holding the prompt text."""
     answer_key: str = "answer"
     """Field holding the reference answer (for rule-based rewards)."""
-    num_digits: int = 3
+    num_digits: Annotated[int, Range(ge=1, le=1 << 10)] = 3
     """Built-in tasks: digits per prompt."""
-    train_size: int = 2048
+    train_size: Annotated[int, Range(ge=1, le=1 << 31)] = 2048
     """Built-in tasks: training prompts generated."""
-    heldout_size: int = 64
+    heldout_size: Annotated[int, Range(ge=0, le=1 << 31)] = 64
     """Built-in tasks: held-out prompts for evaluation."""
-    max_prompt_length: int = 32
+    max_prompt_length: Annotated[int, Range(ge=1, le=1 << 24)] = 32
     """Prompts longer than this (in tokens) are an error, not silently cut."""
-    shuffle_seed: int = 0
+    shuffle_seed: Seed = 0
     """Seed of the epoch shuffles (part of the resumable data cursor)."""

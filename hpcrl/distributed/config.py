@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from hpcrl.config.ranges import Count, Positive
+
 
 @dataclass(kw_only=True)
 class ParallelConfig:
@@ -14,21 +16,21 @@ class ParallelConfig:
     The micro-DP size d_g = (tensor * pipeline) / (rollout_tensor * rollout_pipeline) is derived.
     """
 
-    tensor: int = 1
+    tensor: Count = 1
     """Training tensor-parallel size [t]."""
-    pipeline: int = 1
+    pipeline: Count = 1
     """Training pipeline-parallel size [p]."""
-    data: int = 1
+    data: Count = 1
     """Training data-parallel size [d]."""
-    rollout_tensor: int = 1
+    rollout_tensor: Count = 1
     """Generation tensor-parallel size [t_g]; must divide `tensor`."""
-    rollout_pipeline: int = 1
+    rollout_pipeline: Count = 1
     """Generation pipeline-parallel size [p_g]; must divide `pipeline`."""
     backend: Literal["auto", "nccl", "gloo"] = "auto"
     """torch.distributed backend; auto = nccl when CUDA is present, else gloo."""
-    timeout_s: float = 300.0
+    timeout_s: Positive = 300.0
     """Collective timeout: a dead peer becomes an error naming the group, not a hang."""
-    reshard_bucket_mb: float = 64.0
+    reshard_bucket_mb: Positive = 64.0
     """All-gather staging bucket of the train->rollout reshard (MiB); peak extra memory = received part + one bucket."""
     verify_weight_sync: bool = False
     """After every train->rollout weight sync, compare per-parameter checksums of what the reshard read with

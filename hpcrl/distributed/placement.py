@@ -22,10 +22,10 @@ hpcrl.experiment.rules'. Pure and torch-free.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
+from hpcrl.config.ranges import Count, Range
 from hpcrl.distributed.config import ParallelConfig
-from hpcrl.errors import Problem
 
 MAX_OFF_POLICY_STEPS = 16
 """The staleness bound's bound: m batches are in flight, held in memory on both pools, and generated
@@ -42,12 +42,12 @@ class PlacementConfig:
     async: the rollout engine on its own pool, generating the next batches while the training pool
     (actor, + reference and critic) updates on this one (hpcrl.rl.offpolicy.driver; verl's
     one-step-off-policy recipe)."""
-    max_off_policy_steps: int = 1
+    max_off_policy_steps: Annotated[int, Range(ge=0, le=MAX_OFF_POLICY_STEPS)] = 1
     """async: staleness bound m. The batch trained at step k is generated with the weights after update
     max(0, k - m), so every sample's version lag is at most m. 1 = one-step off-policy (generation of
     batch k+1 overlaps the update on batch k); 0 = synchronous (the colocated run's samples exactly, for
     exactness tests); larger m keeps m batches in flight (at most 16)."""
-    rollout_pool_data: int = 1
+    rollout_pool_data: Count = 1
     """async: generation data-parallel replicas of the rollout pool [d_r]. The rollout pool is
     parallel.rollout_tensor * parallel.rollout_pipeline * rollout_pool_data ranks, placed after the
     training pool's parallel.tensor * parallel.pipeline * parallel.data ranks."""
@@ -73,9 +73,6 @@ class Placement:
         """(formula with config keys, the same with their values) of `ranks`."""
         p = parallel
         return "parallel.tensor*parallel.pipeline*parallel.data", f"{p.tensor}*{p.pipeline}*{p.data}"
-
-    def problems(self, parallel: ParallelConfig, placement: PlacementConfig) -> list[Problem]:  # noqa: ARG002
-        return []
 
 
 @dataclass(frozen=True)
@@ -105,22 +102,6 @@ class _Async(Placement):
             f"{keys} + parallel.rollout_tensor*rollout_pipeline*placement.rollout_pool_data (async placement)",
             f"{values} + {p.rollout_tensor}*{p.rollout_pipeline}*{placement.rollout_pool_data}",
         )
-
-    def problems(self, parallel: ParallelConfig, placement: PlacementConfig) -> list[Problem]:
-        m = placement.max_off_policy_steps
-        problems = []
-        if not 0 <= m <= MAX_OFF_POLICY_STEPS:
-            problems.append(
-                Problem(
-                    f"must be in [0, {MAX_OFF_POLICY_STEPS}] (0 = synchronous), got {m}",
-                    key="placement.max_off_policy_steps",
-                )
-            )
-        if placement.rollout_pool_data < 1:
-            problems.append(
-                Problem(f"must be >= 1, got {placement.rollout_pool_data}", key="placement.rollout_pool_data")
-            )
-        return problems
 
 
 PLACEMENTS: dict[str, Placement] = {

@@ -17,6 +17,7 @@ from typing import Literal
 from hpcrl.algorithm.config import AlgorithmConfig
 from hpcrl.ckpt.config import CheckpointConfig
 from hpcrl.cluster.config import ClusterConfig
+from hpcrl.config.ranges import Seed
 from hpcrl.data.config import DataConfig
 from hpcrl.distributed.config import ParallelConfig
 from hpcrl.distributed.placement import PlacementConfig, placement_of
@@ -44,7 +45,7 @@ class ExperimentConfig:
 
     name: str = "experiment"
     """Human name; run directories are <run_root>/<name>/<config id>."""
-    seed: int = 0
+    seed: Seed = 0
     """Global seed (sampling, data order, dropout)."""
     run_root: str = "runs"
     """Where run directories are created (relative to the working directory)."""

@@ -13,8 +13,8 @@ import re
 from typing import TYPE_CHECKING
 
 from hpcrl.algorithm.registry import ALGORITHMS
-from hpcrl.ckpt.config import checkpoint_problems
 from hpcrl.cluster.rules import check_cluster
+from hpcrl.config.schema import range_problems
 from hpcrl.data.validate import PreferenceReader, data_file_problems
 from hpcrl.distributed.layout import ModelDims, ParallelLayout, model_problems
 from hpcrl.distributed.placement import placement_of
@@ -43,24 +43,15 @@ def gpus_per_node(cfg: ExperimentConfig) -> int:
 
 
 def check_rules(cfg: ExperimentConfig, stage_rules: StageRules) -> list[Problem]:
-    """All cross-field problems of one config, each naming its dotted key (the caller names the file that set
-    it): the shared sections' rules, then
-    `stage_rules` (those of the sections only its stage reads) once the layout's counts are sound."""
-    out: list[Problem] = []
+    """All problems of one config, each naming its dotted key (the caller names the file that set it): the
+    numbers outside their fields' ranges (hpcrl.config.ranges; a template's are refused before this, by
+    the schema) alone when there are any, else the shared sections' rules and `stage_rules` (those of
+    the sections only its stage reads)."""
+    ranges = range_problems(cfg)
+    if ranges:
+        return ranges  # the rules below compute with these numbers
     par, cl = cfg.parallel, cfg.cluster
-    for key in ("tensor", "pipeline", "data", "rollout_tensor", "rollout_pipeline"):
-        if getattr(par, key) < 1:
-            out.append(Problem(f"must be >= 1, got {getattr(par, key)}", key=f"parallel.{key}"))
-    for key in ("nodes", "tasks_per_node", "cpus_per_task", "time_min", "array_parallelism"):
-        if getattr(cl, key) is not None and getattr(cl, key) < 1:  # cpus_per_task None: from the node
-            out.append(Problem(f"must be >= 1, got {getattr(cl, key)}", key=f"cluster.{key}"))
-    if cl.max_requeues < 0:
-        out.append(Problem(f"must be >= 0, got {cl.max_requeues}", key="cluster.max_requeues"))
-    if out:
-        return out  # the layout rules below divide by these
-    out += placement_rules(cfg)
-    if out:
-        return out  # the rank count below reads the placement's keys
+    out = placement_rules(cfg)
     ranks = cl.nodes * cl.tasks_per_node
     if ranks != cfg.ranks_per_element:
         keys, sizes = placement_of(cfg.placement).ranks_formula(par, cfg.placement)
@@ -86,7 +77,7 @@ def check_rules(cfg: ExperimentConfig, stage_rules: StageRules) -> list[Problem]
             )
         )
     gpus = gpus_per_node(cfg)
-    if gpus > 0:  # a negative count is cluster.gpus_per_node's own rule
+    if gpus > 0:
         total = gpus * cl.nodes
         if cl.tasks_per_node != gpus:
             out.append(
@@ -104,7 +95,7 @@ def check_rules(cfg: ExperimentConfig, stage_rules: StageRules) -> list[Problem]
                     key="parallel.tensor",
                 )
             )
-    out += _model_rules(cfg) + stage_rules(cfg) + checkpoint_problems(cfg.checkpoint)
+    out += _model_rules(cfg) + stage_rules(cfg)
     if cfg.entrypoint is not None and not _ENTRYPOINT.fullmatch(cfg.entrypoint):
         out.append(
             Problem(f"expected 'package.module:function', got {short(cfg.entrypoint)}", key="entrypoint")
@@ -118,7 +109,7 @@ def _model_rules(cfg: ExperimentConfig) -> list[Problem]:
     t_g, vocab, ffn, layers)."""
 
     par = cfg.parallel
-    ranges = model_range_problems(cfg.model)
+    ranges = heads_problems(cfg.model)
     problems = list(ranges)
     try:
         layout = ParallelLayout.from_config(par)
@@ -162,43 +153,25 @@ def row_batch_rules(cfg: ExperimentConfig, key: str, units: int, paired: bool, w
     return out
 
 
-MODEL_COUNT_BOUNDS = {
-    "vocab_size": 1 << 24,
-    "hidden_size": 1 << 20,
-    "num_layers": 1 << 12,
-    "num_attention_heads": 1 << 12,
-    "num_query_groups": 1 << 12,
-    "ffn_hidden_size": 1 << 22,
-    "max_position_embeddings": 1 << 24,
-}
-"""Upper bounds of the model's sizes, far above any released model (Llama 3 405B: vocab 128,256, hidden
-16,384, 126 layers, 128 heads, ffn 53,248, 131,072 positions): a larger value is a typo, and the memory
-planner would size it (`hpcrl plan` reported '-40 parameters, fits' for vocab -6)."""
+def token_budget_rules(cfg: ExperimentConfig, longest: int, formula: str) -> list[Problem]:
+    """optim.max_tokens_per_micro_batch (when set) holds a row of `longest` tokens (`formula` says how
+    the stage bounds its rows): a smaller budget would give every row a micro-batch of its own."""
+    budget = cfg.optim.max_tokens_per_micro_batch
+    if budget is None or budget >= longest:
+        return []
+    message = f"{budget} tokens cannot hold the longest sequence: {formula} = {longest}"
+    return [Problem(message, key="optim.max_tokens_per_micro_batch")]
 
 
-def model_range_problems(model: ModelConfig) -> list[Problem]:
-    """The model's sizes set here (null ones come from config.json) are counts in [1, bound], the
-    width splits evenly into heads, and the RoPE base and norm epsilon are positive finite numbers. Before
-    this, `--model.num_attention_heads 0` was a ZeroDivisionError in `plan` and on the ranks, and a
-    negative hidden size passed `expand`."""
-    out = []
-    for name, bound in MODEL_COUNT_BOUNDS.items():
-        value = getattr(model, name)
-        if value is not None and not 1 <= value <= bound:
-            out.append(Problem(f"must be in [1, {bound:,}], got {short(value)}", key=f"model.{name}"))
+def heads_problems(model: ModelConfig) -> list[Problem]:
+    """The width splits evenly into heads (each size's own range is its field's). Before the ranges,
+    `--model.num_attention_heads 0` was a ZeroDivisionError in `plan` and on the ranks, and a negative
+    hidden size passed `expand`."""
     heads, hidden = model.num_attention_heads, model.hidden_size
-    if not out and heads is not None and hidden is not None and hidden % heads:
-        out.append(
-            Problem(
-                f"hidden_size={hidden} does not split into num_attention_heads={heads} heads",
-                key="model.hidden_size",
-            )
-        )
-    for name in ("rope_theta", "rms_norm_eps"):
-        value = getattr(model, name)
-        if value is not None and not 0 < value < float("inf"):
-            out.append(Problem(f"must be a positive finite number, got {short(value)}", key=f"model.{name}"))
-    return out
+    if heads is not None and hidden is not None and hidden % heads:
+        message = f"hidden_size={hidden} does not split into num_attention_heads={heads} heads"
+        return [Problem(message, key="model.hidden_size")]
+    return []
 
 
 LAYOUT_FIELDS = tuple(ModelDims.__annotations__)
@@ -243,9 +216,7 @@ def placement_rules(cfg: ExperimentConfig) -> list[Problem]:
     kl_coef > 0); off-policy samples (async, m >= 1) need the truncated importance
     weight, which corrects the PPO ratio for the stale behaviour policy."""
     placement = placement_of(cfg.placement)
-    out = [
-        Problem(p.message, key=p.key or "placement") for p in placement.problems(cfg.parallel, cfg.placement)
-    ]
+    out = []
     algo = cfg.algorithm
     spec = ALGORITHMS.get(algo.name)
     megatron_rm = megatron_reward_model(cfg.reward, cfg.model) is not None
@@ -297,6 +268,9 @@ def _required_rules(cfg: ExperimentConfig) -> list[Problem]:
         out.append(
             Problem(f"missing required field (data.source={cfg.data.source!r} reads a file)", key="data.path")
         )
+    if cfg.data.source == "builtin" and cfg.data.path is not None:
+        message = "data.source builtin generates its rows and reads no file (set data.source: jsonl, parquet or hf_disk)"
+        out.append(Problem(message, key="data.path"))
     if cfg.cluster.executor == "slurm" and cfg.cluster.profile is None and cfg.cluster.partition is None:
         out.append(
             Problem(

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
+
+from hpcrl.config.ranges import Count, Range
 
 
 @dataclass(kw_only=True)
 class RewardConfig:
     """Which reward scores a response."""
 
-    name: str = "task"
-    """Registry key: task (the built-in task's own rule), exact_match, gsm8k (number after ####), format, model."""
+    name: str | None = "task"
+    """Registry key: task (the built-in task's own rule), exact_match, gsm8k (number after ####), format,
+    model. null: none by name (then `terms` or `function` says what scores)."""
     model_path: str | None = None
     """HF sequence-classification model directory (num_labels 1, e.g. an `rm` stage's `hf/` export), for
     name=model (or the `model` term)."""
@@ -21,11 +24,11 @@ class RewardConfig:
     role on the training ranks (colocated) or the split placement's models pool, beside the reference and
     critic, at the policy's layout or its own (model_tensor, model_pipeline; hpcrl.rl.roles); not on the
     async placement, whose rollout pool scores."""
-    model_tensor: int | None = None
+    model_tensor: Count | None = None
     """model_backend megatron: the reward model's tensor-parallel size (null: the policy's
     parallel.tensor); with model_pipeline it runs at a layout of its own on its pool's ranks,
     data-parallel over the rest (t_R * p_R must divide the pool's ranks, the policy's t * p * d)."""
-    model_pipeline: int | None = None
+    model_pipeline: Count | None = None
     """model_backend megatron: the reward model's pipeline-parallel size (null: parallel.pipeline)."""
     function: str | None = None
     """A reward of your own, replacing `name`: 'path/to/file.py:function' (relative to the template that
@@ -39,7 +42,7 @@ class RewardConfig:
     batch mean is logged as reward_term/<source>; a term that raises or is not finite fails its sample
     (nan_policy), naming the term. Replaces `name` (leave it at its default); `model_path` and
     `function` are read only as their terms (hpcrl.rewards.terms)."""
-    timeout_s: float = 60.0
+    timeout_s: Annotated[float, Range(gt=0, le=86400)] = 60.0
     """reward.function: seconds one call may take; a slower call fails its batch (nan_policy decides)."""
     nan_policy: str = "error"
     """What a NaN / raising reward does: error (stop) or skip (drop the sample, counted and logged)."""

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from pathlib import Path
 
 from hpcrl.data.config import DataConfig
-from hpcrl.errors import Problem, short
+from hpcrl.errors import ConfigError, Problem, short
 from hpcrl.rewards.config import RewardConfig
 from hpcrl.rewards.rule_rewards import RULES
 from hpcrl.train.config import ModelConfig
+from hpcrl.train.hf_config import ModelDimsUnavailable, read_config_json
 
 MODEL, FUNCTION, TASK = "model", "function", "task"
 NAMES = (TASK, *RULES, MODEL)
@@ -58,13 +60,14 @@ def reward_problems(reward: RewardConfig, data: DataConfig) -> list[Problem]:
     if reward.nan_policy not in NAN_POLICIES:
         message = f"{short(reward.nan_policy)} is not one of {NAN_POLICIES}"
         out.append(Problem(message, key="reward.nan_policy"))
-    if not reward.timeout_s > 0:
-        out.append(Problem(f"must be > 0, got {reward.timeout_s}", key="reward.timeout_s"))
     chosen = _terms_problems(reward) if reward.terms is not None else _name_problems(reward)
     out += chosen
     sources = {} if chosen else sources_of(reward)
     if MODEL in sources and not reward.model_path:
         message = "missing required field (the reward model needs a model directory)"
+        out.append(Problem(message, key="reward.model_path"))
+    if reward.model_path is not None and reward.terms is None and not chosen and MODEL not in sources:
+        message = f"only a reward model reads it (reward.name: model, or a model term); {_named(reward)} would ignore it"
         out.append(Problem(message, key="reward.model_path"))
     if reward.model_backend == "megatron" and not chosen and MODEL not in sources:
         message = "megatron runs the reward model, but this reward reads none (name: model, or a model term)"
@@ -77,11 +80,46 @@ def reward_problems(reward: RewardConfig, data: DataConfig) -> list[Problem]:
     return out
 
 
+def hf_reward_model_problems(reward: RewardConfig) -> list[Problem]:
+    """The HF reward model's directory (`reward.model_backend: hf`), when it is readable here: a config.json
+    of one label, the score hpcrl.rewards.reward_model reads (transformers makes 2 when config.json says
+    nothing). The megatron backend's is checked as a frozen model (hpcrl.experiment.frozen_models); a
+    path that exists only on the cluster is left to the ranks."""
+    if reward.model_backend != "hf" or not reward.model_path or MODEL not in sources_of(reward):
+        return []
+    try:
+        data = read_config_json(reward.model_path)
+    except ModelDimsUnavailable:
+        return []
+    except ConfigError as err:
+        return [
+            Problem(f"{p.file}: {p.message}" if p.file else p.message, key="reward.model_path")
+            for p in err.problems
+        ]
+    labels = data.get("id2label")
+    count = len(labels) if isinstance(labels, dict) and labels else data.get("num_labels", 2)
+    if count != 1:
+        file = Path(reward.model_path) / "config.json"
+        message = f"{file}: a reward model has one label (a scalar score), this one has {short(count)}"
+        return [Problem(message, key="reward.model_path")]
+    return []
+
+
+def _named(reward: RewardConfig) -> str:
+    return "reward.function" if reward.function is not None else f"reward.name {reward.name}"
+
+
 def _name_problems(reward: RewardConfig) -> list[Problem]:
     if reward.function is not None:
-        if reward.name != TASK:
-            return [Problem("reward.function replaces reward.name: set one of them", key="reward.name")]
+        if reward.name not in (TASK, None):
+            message = f"reward.function replaces reward.name: leave reward.name out (or null), not {short(reward.name)}"
+            return [Problem(message, key="reward.name")]
         return []
+    if reward.name is None:
+        message = (
+            f"null names no reward: set reward.name (one of {sorted(NAMES)}), reward.terms or reward.function"
+        )
+        return [Problem(message, key="reward.name")]
     if reward.name not in NAMES:
         return [Problem(f"unknown reward {short(reward.name)}; known: {sorted(NAMES)}", key="reward.name")]
     return []
@@ -99,8 +137,11 @@ def _terms_problems(reward: RewardConfig) -> list[Problem]:
         elif isinstance(weight, bool) or not isinstance(weight, int | float) or not math.isfinite(weight):
             message = f"{source}: the weight must be a finite number, got {short(weight)}"
             out.append(Problem(message, key="reward.terms"))
-    if reward.name != TASK:
-        out.append(Problem("reward.terms replaces reward.name: set one of them", key="reward.name"))
+    if reward.name not in (TASK, None):
+        message = (
+            f"reward.terms replaces reward.name: leave reward.name out (or null), not {short(reward.name)}"
+        )
+        out.append(Problem(message, key="reward.name"))
     for source, key, value in ((FUNCTION, "reward.function", reward.function), (MODEL, "reward.model_path", reward.model_path)):  # fmt: skip
         if value is not None and source not in terms:
             message = (

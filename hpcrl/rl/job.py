@@ -11,10 +11,10 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from hpcrl.algorithm.registry import algorithm_problems
 from hpcrl.ckpt.state import seed_rngs
+from hpcrl.config.schema import range_problems
 from hpcrl.distributed.layout import ParallelLayout
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.config import ExperimentConfig
@@ -25,21 +25,19 @@ from hpcrl.rollout.engine_rule import EngineFacts
 from hpcrl.stages.loop import run_steps
 from hpcrl.stages.rank import enter_rank, step_sleep_s
 
-if TYPE_CHECKING:
-    pass
-
 log = logging.getLogger(__name__)
 
 
 def config_problems(cfg: ExperimentConfig, world_size: int) -> list[Problem]:
-    """Rules across components that only the RL job knows (each Problem names its key)."""
-
+    """Rules across components that only the RL job knows (each Problem names its key), after the
+    numbers' ranges (hpcrl.config.ranges: alone when one is out, the rules compute with them)."""
+    ranges = range_problems(cfg)
+    if ranges:
+        return ranges
     algo, rollout = cfg.algorithm, cfg.rollout
     problems: list[Problem] = []
     problems.extend(placement_problems(cfg, world_size))
     problems.extend(algorithm_problems(algo, rollout.samples_per_prompt, rollout.max_new_tokens))
-    if rollout.max_new_tokens < 1:
-        problems.append(Problem(f"must be >= 1, got {rollout.max_new_tokens}", key="rollout.max_new_tokens"))
     try:
         layout = ParallelLayout.from_config(cfg.parallel)
         layout.check_world(training_world(cfg, world_size))

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Protocol
 
 from hpcrl.ckpt.state import seed_rngs
+from hpcrl.config.schema import range_problems
 from hpcrl.distributed.layout import ParallelLayout
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.config import ExperimentConfig
@@ -51,9 +52,10 @@ def train_timing(start: float, batch: TrainBatch) -> dict[str, float]:
 
 
 def stage_problems(cfg: ExperimentConfig, world_size: int) -> list[Problem]:
-    """Everything wrong with the config before any rank builds a model: its stage's rules (the same ones
-    `expand` ran, hpcrl.experiment.stage_kinds) and the layout against this world."""
-    problems = stage_of(cfg).rules(cfg)
+    """Everything wrong with the config before any rank builds a model: its numbers' ranges (alone when
+    one is out), its stage's rules (the same ones `expand` ran, hpcrl.experiment.stage_kinds) and the
+    layout against this world."""
+    problems = range_problems(cfg) or stage_of(cfg).rules(cfg)
     try:
         layout = ParallelLayout.from_config(cfg.parallel)
         layout.check_world(world_size)

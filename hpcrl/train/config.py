@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Literal
+from typing import Annotated, Literal
+
+from hpcrl.config.ranges import Count, NonNegative, Positive, Range, Seed
 
 TINY_MODEL = MappingProxyType(
     {
@@ -47,23 +49,23 @@ class ModelConfig:
     hf_path: str | None = None
     """An HF model directory (config.json + safetensors) to start from; None builds from the fields of
     this section (random init from `init_seed`)."""
-    vocab_size: int | None = None
+    vocab_size: Annotated[int, Range(ge=1, le=1 << 24)] | None = None
     """Vocabulary size; must divide by every tensor-parallel size used (GPTModel does not pad)."""
-    hidden_size: int | None = None
+    hidden_size: Annotated[int, Range(ge=1, le=1 << 20)] | None = None
     """Model width H."""
-    num_layers: int | None = None
+    num_layers: Annotated[int, Range(ge=1, le=1 << 12)] | None = None
     """Transformer layers; must divide by the pipeline-parallel size. config.json: num_hidden_layers."""
-    num_attention_heads: int | None = None
+    num_attention_heads: Annotated[int, Range(ge=1, le=1 << 12)] | None = None
     """Query heads NH; must divide by the tensor-parallel size."""
-    num_query_groups: int | None = None
+    num_query_groups: Annotated[int, Range(ge=1, le=1 << 12)] | None = None
     """Key/value heads NG (GQA); NH must divide by NG. config.json: num_key_value_heads."""
-    ffn_hidden_size: int | None = None
+    ffn_hidden_size: Annotated[int, Range(ge=1, le=1 << 22)] | None = None
     """SwiGLU inner width. config.json: intermediate_size."""
-    max_position_embeddings: int | None = None
+    max_position_embeddings: Annotated[int, Range(ge=1, le=1 << 24)] | None = None
     """Longest prompt + response the model accepts."""
-    rope_theta: float | None = None
+    rope_theta: Positive | None = None
     """RoPE base."""
-    rms_norm_eps: float | None = None
+    rms_norm_eps: Positive | None = None
     """RMSNorm epsilon."""
     tie_word_embeddings: bool | None = None
     """Share input embedding and output layer."""
@@ -71,7 +73,7 @@ class ModelConfig:
     """Bias on q/k/v projections (qwen2 always, llama never; not a config.json key: its family says)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Parameter dtype; CPU runs use float32."""
-    init_seed: int = 1234
+    init_seed: Seed = 1234
     """Seed of the random initialisation (used when hf_path is None)."""
 
     def __post_init__(self) -> None:
@@ -89,21 +91,21 @@ class ModelConfig:
 class OptimizerConfig:
     """AdamW settings of the actor (and critic) updates."""
 
-    lr: float = 1e-3
+    lr: Positive = 1e-3
     """Learning rate."""
-    critic_lr: float | None = None
+    critic_lr: Positive | None = None
     """Critic learning rate; None uses `lr`."""
-    weight_decay: float = 0.0
+    weight_decay: NonNegative = 0.0
     """Decoupled weight decay."""
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: tuple[Annotated[float, Range(ge=0, lt=1)], Annotated[float, Range(ge=0, lt=1)]] = (0.9, 0.999)
     """Adam betas."""
-    eps: float = 1e-8
+    eps: Positive = 1e-8
     """Adam epsilon."""
-    grad_clip: float = 1.0
+    grad_clip: NonNegative = 1.0
     """Global grad-norm clip (across TP/PP/DP); 0 disables."""
-    micro_batch_size: int = 8
+    micro_batch_size: Count = 8
     """Sequences per forward/backward on one DP rank; gradients accumulate over micro-batches."""
-    max_tokens_per_micro_batch: int | None = None
+    max_tokens_per_micro_batch: Annotated[int, Range(ge=1, le=1 << 30)] | None = None
     """Token budget of one update micro-batch on one DP rank (verl's use_dynamic_bsz): the rank's share is
     cut into micro-batches of at most this many computed tokens (rows x width, each trimmed to its
     longest row; hpcrl.train.token_budget) instead of micro_batch_size sequences. The gradient is the

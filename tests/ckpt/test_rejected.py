@@ -46,4 +46,7 @@ def test_a_negative_keep_rejected_is_exit_2_at_expand(capsys):
 
     template = Path(__file__).resolve().parents[2] / "templates" / "grpo_tiny.yaml"
     assert main(["expand", str(template), "--checkpoint.keep_rejected", "-1"]) == 2
-    assert "command line:checkpoint.keep_rejected: must be >= 0, got -1" in capsys.readouterr().err
+    assert (
+        "command line:checkpoint.keep_rejected: out of range: must be in [0, 2^16], got -1"
+        in capsys.readouterr().err
+    )

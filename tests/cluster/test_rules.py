@@ -8,16 +8,31 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hpcrl.cluster.config import ClusterConfig
-from hpcrl.cluster.rules import MAX_COUNTS, MAX_MEM_GB, check_cluster
-from hpcrl.errors import Problem
+from hpcrl.cluster.config import MAX_MEM_GB, ClusterConfig
+from hpcrl.cluster.rules import check_cluster
+from hpcrl.config.ranges import Range
+from hpcrl.config.schema import field_types, range_of
+
+RANGES = {name: range_of(hint) for name, hint in field_types(ClusterConfig).items() if range_of(hint)}
+COUNTS = sorted(name for name, (kind, _) in RANGES.items() if kind is int)
 
 
-@pytest.mark.parametrize("name", sorted(MAX_COUNTS))
+def _range(name: str) -> Range:
+    return RANGES[name][1]
+
+
+def test_the_counts_are_the_ones_sbatch_reads():
+    assert set(COUNTS) >= {"nodes", "tasks_per_node", "cpus_per_task", "gpus_per_node", "time_min"}
+    assert {"array_parallelism", "max_requeues", "signal_delay_s"} <= set(COUNTS)
+
+
+@pytest.mark.parametrize("name", COUNTS)
 def test_every_count_has_an_upper_bound(name):
-    bound = MAX_COUNTS[name]
-    over = ClusterConfig(**{name: bound + 1, "time_min": 60 if name != "time_min" else bound + 1})
-    assert Problem(f"must be <= {bound}, got {bound + 1}", key=f"cluster.{name}") in check_cluster(over)
+    bound = _range(name).le
+    assert bound is not None
+    over = ClusterConfig(**{name: bound + 1})
+    problems = [p for p in check_cluster(over) if p.key == f"cluster.{name}"]
+    assert [p.message for p in problems] == [f"out of range: must be {_range(name)}, got {bound + 1}"]
     assert not [p for p in check_cluster(ClusterConfig(**{name: 1})) if p.key == f"cluster.{name}"]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from hpcrl.config.schema import range_problems
 from hpcrl.distributed.config import ParallelConfig
 from hpcrl.distributed.placement import MAX_OFF_POLICY_STEPS, PLACEMENTS, PlacementConfig
 
@@ -11,7 +12,7 @@ from hpcrl.distributed.placement import MAX_OFF_POLICY_STEPS, PLACEMENTS, Placem
 @pytest.mark.parametrize("m", [-1, 0, 1, MAX_OFF_POLICY_STEPS, MAX_OFF_POLICY_STEPS + 1, 10**9])
 def test_the_staleness_bound_is_bounded(m):
     placement = PlacementConfig(kind="async", max_off_policy_steps=m)
-    keys = {p.key for p in PLACEMENTS["async"].problems(ParallelConfig(), placement)}
+    keys = {p.key for p in range_problems(placement, "placement.")}
     assert ("placement.max_off_policy_steps" not in keys) == (0 <= m <= MAX_OFF_POLICY_STEPS)
 
 

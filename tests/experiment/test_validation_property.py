@@ -19,13 +19,14 @@ from jsonargparse import ArgumentParser
 
 from hpcrl import cli
 from hpcrl.cli import submit
-from hpcrl.config.schema import leaf_types
+from hpcrl.config.schema import leaf_types, range_of
 from hpcrl.config.yaml_io import dump_yaml
 from hpcrl.errors import ConfigError
 from hpcrl.experiment.config import ExperimentConfig
 
 LEAVES = leaf_types(ExperimentConfig)
-INT_KEYS = sorted(k for k, t in LEAVES.items() if t is int)
+INT_KEYS = sorted(k for k, t in LEAVES.items() if t is int or (range_of(t) or (None,))[0] is int)
+RANGED = {k: range_of(t) for k, t in LEAVES.items() if range_of(t) is not None}
 STR_KEYS = sorted(k for k, t in LEAVES.items() if t is str and k != "run_root")  # the test overrides run_root
 SECTIONS = [f.name for f in dataclasses.fields(ExperimentConfig)]
 NAMES = st.from_regex(r"[a-z][a-z_]{2,10}", fullmatch=True)
@@ -54,6 +55,7 @@ def mistake(draw, template: dict) -> str | None:
                 "axis_type",
                 "duplicate_key",
                 "bad_section",
+                "out_of_range",
             ]
         )
     )
@@ -99,6 +101,14 @@ def mistake(draw, template: dict) -> str | None:
         _set(template, "data.source", draw(st.sampled_from(["jsonl", "parquet", "hf_disk"])))
     elif kind == "axis_type":
         template.setdefault("sweep", {}).setdefault("grid", {})["algorithm.steps"] = [1, "two"]
+    elif kind == "out_of_range":
+        key = draw(st.sampled_from(sorted(RANGED)))
+        number, bounds = RANGED[key]
+        below = bounds.ge - 1 if bounds.ge is not None else bounds.gt
+        above = bounds.le + 1 if bounds.le is not None else bounds.lt
+        outside = [v for v in (below, above) if v is not None] + [10**30]
+        outside += [float("nan"), float("inf"), -float("inf")] if number is float else []
+        _set(template, key, number(draw(st.sampled_from(outside))))
     elif kind == "bad_section":
         template.setdefault("sweep", {})[draw(NAMES.filter(lambda n: n not in ("grid", "zip", "list")))] = {}
     else:

@@ -314,7 +314,9 @@ def test_a_billion_laughs_sweep_axis_is_exit_2_before_expanding_and_short(home, 
 
 @pytest.mark.timeout(60)  # the count is refused before 216,000 configs are built and printed
 def test_a_sweep_that_multiplies_past_the_limit_is_exit_2_before_expanding(home, capsys):
-    axes = ", ".join(f"{k}: {list(range(60))}" for k in ("seed", "algorithm.steps", "optim.micro_batch_size"))
+    axes = ", ".join(
+        f"{k}: {list(range(1, 61))}" for k in ("seed", "algorithm.steps", "optim.micro_batch_size")
+    )
     t = write(home / "t.yaml", BASE + f"sweep: {{grid: {{{axes}}}}}\n")
     code, _, err = run_cli(capsys, "expand", t)
     assert code == 2 and f"{t}:sweep: 216,000 elements; a sweep has at most 100,000" in err

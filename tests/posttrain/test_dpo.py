@@ -75,7 +75,9 @@ def test_dpo_config_rules_report_every_problem():
         optim=dataclasses.replace(cfg.optim, micro_batch_size=7),
     )
     keys = {p.key for p in dpo_problems(cfg, world_size=2)}
-    assert keys == {"optim.micro_batch_size", "dpo.beta", "parallel"}
+    assert keys == {"dpo.beta", "parallel"}  # a number out of its range is reported before the rules
+    cfg = dataclasses.replace(cfg, dpo=dataclasses.replace(cfg.dpo, beta=0.1))
+    assert {p.key for p in dpo_problems(cfg, world_size=2)} == {"optim.micro_batch_size", "parallel"}
     assert dpo_problems(tiny_config(TEMPLATE), world_size=1) == []
 
 

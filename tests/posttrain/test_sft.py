@@ -95,7 +95,9 @@ def test_sft_rules_and_rows_without_answers_are_config_errors(tmp_path):
     cfg = tiny_config(TEMPLATE)
     bad = dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, examples_per_step=1, eval_every=-1))
     bad = dataclasses.replace(bad, parallel=dataclasses.replace(bad.parallel, data=2))
-    assert {p.key for p in sft_problems(bad, world_size=2)} == {"sft.examples_per_step", "sft.eval_every"}
+    assert {p.key for p in sft_problems(bad, world_size=2)} == {"sft.eval_every"}  # a range: alone
+    bad = dataclasses.replace(bad, sft=dataclasses.replace(bad.sft, eval_every=0))
+    assert {p.key for p in sft_problems(bad, world_size=2)} == {"sft.examples_per_step"}
     assert sft_problems(cfg, world_size=1) == []
     rows = tmp_path / "prompts.jsonl"
     rows.write_text("\n".join(json.dumps({"prompt": f"{i}="}) for i in range(8)))

@@ -9,7 +9,8 @@ import pytest
 
 from hpcrl.algorithm.config import AlgorithmConfig
 from hpcrl.algorithm.registry import ALGORITHMS, algorithm_problems
-from hpcrl.experiment.kinds.dpo import DPOConfig, dpo_problems
+from hpcrl.config.schema import range_problems
+from hpcrl.experiment.kinds.dpo import DPOConfig
 
 
 def test_the_config_names_exactly_the_registered_algorithms():
@@ -30,7 +31,10 @@ def test_a_good_config_has_no_problem():
         ({"kl_in_reward": True}, 4, "algorithm.kl_in_reward"),
         ({"kl_coef": -0.1}, 4, "algorithm.kl_coef"),
         ({"clip_ratio_low": 1.0}, 4, "algorithm.clip_ratio_low"),
-        ({"clip_ratio": 0.0, "clip_ratio_high": 0.2}, 4, "algorithm.clip_ratio_low"),
+        ({"clip_ratio": 0.0, "clip_ratio_high": 0.2}, 4, "algorithm.clip_ratio"),
+        ({"clip_ratio": 1.5}, 4, "algorithm.clip_ratio_low"),
+        ({"clip_ratio_c": float("nan")}, 4, "algorithm.clip_ratio_c"),
+        ({"steps": 10**30}, 4, "algorithm.steps"),
         ({"clip_ratio_high": -0.1}, 4, "algorithm.clip_ratio_high"),
         ({"clip_ratio_c": 1.0}, 4, "algorithm.clip_ratio_c"),
         ({"tis_cap": 0.9}, 4, "algorithm.tis_cap"),
@@ -43,33 +47,34 @@ def test_a_good_config_has_no_problem():
     ],
 )
 def test_each_rule_names_its_key(overrides, samples, key):
-    problems = algorithm_problems(AlgorithmConfig(**overrides), samples_per_prompt=samples, max_new_tokens=3)
+    """A number outside its field's range (hpcrl.config.ranges), else a rule across fields."""
+    algo = AlgorithmConfig(**overrides)
+    problems = range_problems(algo, "algorithm.") or algorithm_problems(
+        algo, samples_per_prompt=samples, max_new_tokens=3
+    )
     assert [p.key for p in problems] == [key], problems
 
 
-def test_rules_fire_at_expand_through_the_cli(tmp_path):
-    """Every rule runs before anything is submitted: `hpcrl expand` exits 2 and names each key."""
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "hpcrl",
-            "expand",
-            "templates/grpo_tiny.yaml",
-            "--rollout.samples_per_prompt",
-            "1",
-            "--algorithm.kl_in_reward",
-            "true",
-            "--algorithm.clip_ratio_c",
-            "0.5",
-        ],
+def _expand(*overrides: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "hpcrl", "expand", "templates/grpo_tiny.yaml", *overrides],
         capture_output=True,
         text=True,
         timeout=120,
     )
+
+
+def test_rules_fire_at_expand_through_the_cli():
+    """Every rule runs before anything is submitted: `hpcrl expand` exits 2 and names each key; a number
+    outside its range is refused as the value is read, like a wrong type."""
+    proc = _expand("--rollout.samples_per_prompt", "1", "--algorithm.kl_in_reward", "true")
     assert proc.returncode == 2, proc.stderr
-    for key in ("rollout.samples_per_prompt", "algorithm.kl_in_reward", "algorithm.clip_ratio_c"):
+    for key in ("rollout.samples_per_prompt", "algorithm.kl_in_reward"):
         assert f"command line:{key}:" in proc.stderr
+    proc = _expand("--algorithm.clip_ratio_c", "0.5", "--algorithm.steps", "1e30")
+    assert proc.returncode == 2, proc.stderr
+    assert "command line:algorithm.clip_ratio_c: out of range: must be > 1, got 0.5" in proc.stderr
+    assert "command line:algorithm.steps: " in proc.stderr
 
 
 @pytest.mark.parametrize(
@@ -83,6 +88,6 @@ def test_rules_fire_at_expand_through_the_cli(tmp_path):
         ({"eval_every": -1}, "dpo.eval_every"),
     ],
 )
-def test_each_dpo_rule_names_its_key(overrides, key):
-    assert dpo_problems(DPOConfig()) == []
-    assert [p.key for p in dpo_problems(DPOConfig(**overrides))] == [key]
+def test_each_dpo_range_names_its_key(overrides, key):
+    assert range_problems(DPOConfig(), "dpo.") == []
+    assert [p.key for p in range_problems(DPOConfig(**overrides), "dpo.")] == [key]

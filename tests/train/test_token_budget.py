@@ -155,7 +155,7 @@ def test_the_main_job_with_a_token_budget_takes_the_same_first_step(tmp_path, ca
     "overrides, says",
     [
         (["--optim.max_tokens_per_micro_batch", "5"], "cannot hold the longest sequence"),
-        (["--optim.max_tokens_per_micro_batch", "0"], "cannot hold the longest sequence"),
+        (["--optim.max_tokens_per_micro_batch", "0"], "out of range: must be in [1, 2^30], got 0"),
     ],
 )
 def test_a_budget_below_the_longest_sequence_is_exit_2_at_expand(capsys, overrides, says):

@@ -3,13 +3,13 @@ hpcrl.posttrain.kto)."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from hpcrl.config.ranges import Count, EveryNSteps, Positive, Steps
 from hpcrl.data.validate import PreferenceReader
 from hpcrl.errors import Problem
-from hpcrl.experiment.kinds.kind import OfflineShape, StageKind, accuracy_headline, loop_problems
+from hpcrl.experiment.kinds.kind import OfflineShape, StageKind, accuracy_headline
 from hpcrl.experiment.rules import data_rules, row_batch_rules
 
 if TYPE_CHECKING:
@@ -21,46 +21,40 @@ class DPOConfig:
     """Offline preference optimisation (stage: dpo): a policy learns from preferences against a frozen
     reference, by DPO, IPO or KTO (`loss_type`; hpcrl.posttrain.preference_losses)."""
 
-    steps: int = 40
+    steps: Steps = 40
     """Training steps (one policy update each)."""
-    pairs_per_step: int = 16
+    pairs_per_step: Count = 16
     """Preference pairs per step; each is two rows (chosen, rejected) of the batch. kto trains on
     2 x pairs_per_step unpaired rows per step (a pair's two responses count as two rows)."""
-    beta: float = 0.1
+    beta: Positive = 0.1
     """Temperature beta: the weight of the implicit reward (DPO eq. 7; IPO's tau; KTO's beta)."""
     loss_type: Literal["sigmoid", "ipo", "kto"] = "sigmoid"
     """sigmoid: DPO (Rafailov et al. 2023); ipo: IPO (Azar et al. 2023, per-token log-ratios as TRL);
     kto: KTO (Ethayarajh et al. 2024) on unpaired rows (`completion`, `label`) or pairs read as two."""
-    desirable_weight: float = 1.0
+    desirable_weight: Positive = 1.0
     """kto: lambda_D, the weight of desirable rows' losses."""
-    undesirable_weight: float = 1.0
+    undesirable_weight: Positive = 1.0
     """kto: lambda_U, the weight of undesirable rows' losses (the paper: keep lambda_D n_D / (lambda_U n_U)
     in [1, 4/3])."""
-    eval_every: int = 5
+    eval_every: EveryNSteps = 5
     """Evaluate held-out preference accuracy every this many steps (0: never)."""
 
 
-def dpo_problems(dpo: DPOConfig) -> list[Problem]:
-    """Every problem of the DPO stage's own settings (dpo_rules adds those it shares with the batch:
-    pairs per DP rank, whole pairs per micro-batch)."""
-    out = loop_problems("dpo", dpo.steps, "pairs_per_step", dpo.pairs_per_step, dpo.eval_every)
-    for key in ("beta", "desirable_weight", "undesirable_weight"):
-        value = getattr(dpo, key)
-        if not 0 < value < math.inf:
-            out.append(Problem(f"must be a positive finite number, got {value}", key=f"dpo.{key}"))
-    return out
-
-
 def dpo_rules(cfg: ExperimentConfig) -> list[Problem]:
-    """The preference stage's section, and what it asks of the batch: rows reach DP ranks and
+    """What the preference stage asks of the batch (and KTO's weights of no other loss): rows reach DP ranks and
     micro-batches by count (sigmoid and ipo keep each (chosen, rejected) pair together: an even
     micro-batch), and every DP rank gets a row."""
     dpo = cfg.dpo
     paired = dpo.loss_type != "kto"
     rows = dpo.pairs_per_step if paired else 2 * dpo.pairs_per_step
     why = f"dpo.loss_type {dpo.loss_type}"
+    unread = [
+        Problem(f"only loss_type kto reads it ({why} would ignore it)", key=f"dpo.{key}")
+        for key in ("desirable_weight", "undesirable_weight")
+        if paired and getattr(dpo, key) != getattr(DPOConfig, key)
+    ]
     return (
-        dpo_problems(dpo)
+        unread
         + row_batch_rules(cfg, "dpo.pairs_per_step", rows, paired, why)
         + data_rules(cfg, preference=PreferenceReader(why, "dpo.loss_type", unpaired=not paired))
     )

@@ -75,15 +75,3 @@ def accuracy_headline(
         spread=None,
         plot_file="accuracy.png",
     )
-
-
-def loop_problems(
-    section: str, steps: int, per_step_key: str, per_step: int, eval_every: int
-) -> list[Problem]:
-    """The step loop's counts every offline stage has: its steps, what a step takes, its eval interval."""
-    rules = [
-        (f"{section}.steps", steps >= 1, f"must be >= 1, got {steps}"),
-        (f"{section}.{per_step_key}", per_step >= 1, f"must be >= 1, got {per_step}"),
-        (f"{section}.eval_every", eval_every >= 0, f"must be >= 0 (0: never), got {eval_every}"),
-    ]
-    return [Problem(message, key=key) for key, ok, message in rules if not ok]

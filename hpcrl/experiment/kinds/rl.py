@@ -13,10 +13,10 @@ from hpcrl.distributed.placement import placement_of
 from hpcrl.errors import Problem
 from hpcrl.experiment.frozen_models import frozen_models
 from hpcrl.experiment.kinds.kind import StageKind
-from hpcrl.experiment.rules import data_rules, gpus_per_node, model_dims
+from hpcrl.experiment.rules import data_rules, gpus_per_node, model_dims, token_budget_rules
 from hpcrl.metrics.headline import Headline
 from hpcrl.rewards.function import function_problems
-from hpcrl.rewards.terms import reward_problems
+from hpcrl.rewards.terms import hf_reward_model_problems, reward_problems
 from hpcrl.rollout.engine_rule import EngineFacts, resolve_engine
 from hpcrl.train.config import ModelConfig
 
@@ -25,11 +25,11 @@ if TYPE_CHECKING:
 
 
 def rl_rules(cfg: ExperimentConfig) -> list[Problem]:
-    """The RL stage's sections: sampling, the algorithm, whether an engine runs the generation layout,
-    the reward and the token budget (which must hold a prompt and its response)."""
+    """The RL stage's sections: the algorithm, whether an engine runs the generation layout, the reward,
+    the frozen models and the token budget (which must hold a prompt and its response). Each number's
+    own range is its field's (hpcrl.config.ranges)."""
     return (
         _engine_rules(cfg)
-        + _sampling_rules(cfg)
         + _algorithm_rules(cfg)
         + _reward_rules(cfg)
         + _frozen_model_rules(cfg)
@@ -48,13 +48,7 @@ def _frozen_model_rules(cfg: ExperimentConfig) -> list[Problem]:
     student, _ = model_dims(cfg.model)
     ranks = cfg.parallel.world_size
     for frozen in frozen_models(cfg):
-        t_key, p_key = frozen.layout_keys
-        bad = [
-            (k, v) for k, v in zip(frozen.layout_keys, (frozen.tensor, frozen.pipeline), strict=True) if v < 1
-        ]
-        out += [Problem(f"must be >= 1, got {v}", key=k) for k, v in bad]
-        if bad:
-            continue
+        t_key = frozen.layout_keys[0]
         if ranks % (frozen.tensor * frozen.pipeline):
             message = (
                 f"the {frozen.who}'s t*p = {frozen.tensor}*{frozen.pipeline} does not divide the "
@@ -123,27 +117,6 @@ def _engine_rules(cfg: ExperimentConfig) -> list[Problem]:
     return [Problem(p.message, key=p.key or "parallel") for p in problems]
 
 
-def _sampling_rules(cfg: ExperimentConfig) -> list[Problem]:
-    """The rollout's sampling settings (every engine reads them)."""
-    r = cfg.rollout
-    rules = [
-        (
-            "rollout.max_new_tokens",
-            1 <= r.max_new_tokens <= 1 << 24,
-            f"must be in [1, 2^24] (a response has at least one token), got {r.max_new_tokens}",
-        ),
-        ("rollout.temperature", r.temperature >= 0, f"must be >= 0 (0 = greedy), got {r.temperature}"),
-        ("rollout.top_p", 0 < r.top_p <= 1, f"must be in (0, 1] (1 = off), got {r.top_p}"),
-        ("rollout.top_k", r.top_k >= 0, f"must be >= 0 (0 = off), got {r.top_k}"),
-        (
-            "rollout.max_num_seqs",
-            r.max_num_seqs is None or 1 <= r.max_num_seqs <= 1 << 20,
-            f"must be in [1, 2^20] (or null: a rank's whole share at once), got {r.max_num_seqs}",
-        ),
-    ]
-    return [Problem(message, key=key) for key, ok, message in rules if not ok]
-
-
 def _algorithm_rules(cfg: ExperimentConfig) -> list[Problem]:
     """The algorithm's own rules (hpcrl.algorithm.registry owns them; the RL job checks them again)."""
     r = cfg.rollout
@@ -154,24 +127,17 @@ def _algorithm_rules(cfg: ExperimentConfig) -> list[Problem]:
 
 
 def _rl_token_budget_rules(cfg: ExperimentConfig) -> list[Problem]:
-    """optim.max_tokens_per_micro_batch holds the longest sequence."""
-    budget, key = cfg.optim.max_tokens_per_micro_batch, "optim.max_tokens_per_micro_batch"
+    """optim.max_tokens_per_micro_batch holds the longest sequence: a whole prompt and response."""
     longest = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
-    if budget is not None and budget < longest:
-        return [
-            Problem(
-                f"{budget} tokens cannot hold the longest sequence: data.max_prompt_length + "
-                f"rollout.max_new_tokens = {longest}",
-                key=key,
-            )
-        ]
-    return []
+    return token_budget_rules(cfg, longest, "data.max_prompt_length + rollout.max_new_tokens")
 
 
 def _reward_rules(cfg: ExperimentConfig) -> list[Problem]:
-    """The reward section's own rules (hpcrl.rewards.terms owns them; the ranks check them again) and the
-    reward function's source, read without running it."""
+    """The reward section's own rules (hpcrl.rewards.terms owns them; the ranks check them again), the HF
+    reward model's config.json where it is readable here, and the reward function's source, read
+    without running it."""
     out = [Problem(p.message, key=p.key or "reward") for p in reward_problems(cfg.reward, cfg.data)]
+    out += [] if out else hf_reward_model_problems(cfg.reward)
     if cfg.reward.function is not None:
         for problem in function_problems(cfg.reward.function):
             out.append(

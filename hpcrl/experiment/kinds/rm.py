@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from hpcrl.config.ranges import Count, EveryNSteps, Steps
 from hpcrl.data.validate import PreferenceReader
 from hpcrl.errors import Problem
-from hpcrl.experiment.kinds.kind import OfflineShape, StageKind, accuracy_headline, loop_problems
+from hpcrl.experiment.kinds.kind import OfflineShape, StageKind, accuracy_headline
 from hpcrl.experiment.rules import data_rules, row_batch_rules
 
 if TYPE_CHECKING:
@@ -19,26 +20,19 @@ class RMConfig:
     """Reward model (stage: rm): a scalar head on the last token learns which of two responses is
     preferred (Bradley-Terry, hpcrl.posttrain.rm); exported as an HF `*ForSequenceClassification`."""
 
-    steps: int = 100
+    steps: Steps = 100
     """Training steps (one update on `pairs_per_step` pairs each)."""
-    pairs_per_step: int = 32
+    pairs_per_step: Count = 32
     """Preference pairs (chosen, rejected) per step; each is two rows of the batch."""
-    eval_every: int = 10
+    eval_every: EveryNSteps = 10
     """Evaluate held-out pairwise accuracy every this many steps (0: never)."""
 
 
-def rm_problems(rm: RMConfig) -> list[Problem]:
-    """Every problem of the reward-model stage's own settings."""
-    return loop_problems("rm", rm.steps, "pairs_per_step", rm.pairs_per_step, rm.eval_every)
-
-
 def rm_rules(cfg: ExperimentConfig) -> list[Problem]:
-    """The reward-model stage's section, and the pair batch it trains on (as the dpo stage's)."""
+    """The pair batch the reward model trains on (as the dpo stage's), and its data file's rows."""
     pairs = cfg.rm.pairs_per_step
-    return (
-        rm_problems(cfg.rm)
-        + row_batch_rules(cfg, "rm.pairs_per_step", pairs, True, "the rm stage")
-        + data_rules(cfg, preference=PreferenceReader("the rm stage", "stage"))
+    return row_batch_rules(cfg, "rm.pairs_per_step", pairs, True, "the rm stage") + data_rules(
+        cfg, preference=PreferenceReader("the rm stage", "stage")
     )
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from hpcrl.config.ranges import Count, EveryNSteps, Steps
 from hpcrl.errors import Problem
-from hpcrl.experiment.kinds.kind import OfflineShape, StageKind, accuracy_headline, loop_problems
-from hpcrl.experiment.rules import data_rules
+from hpcrl.experiment.kinds.kind import OfflineShape, StageKind, accuracy_headline
+from hpcrl.experiment.rules import data_rules, token_budget_rules
 
 if TYPE_CHECKING:
     from hpcrl.experiment.config import ExperimentConfig
@@ -17,22 +18,21 @@ if TYPE_CHECKING:
 class SFTConfig:
     """Supervised fine-tuning (stage: sft): the policy learns the answers of (prompt, answer) rows."""
 
-    steps: int = 100
+    steps: Steps = 100
     """Training steps (one update on `examples_per_step` rows each)."""
-    examples_per_step: int = 32
+    examples_per_step: Count = 32
     """(prompt, answer) rows per step; the loss counts answer tokens (and the closing <eos>) only."""
-    eval_every: int = 10
+    eval_every: EveryNSteps = 10
     """Evaluate held-out loss and greedy exact match every this many steps (0: never)."""
 
 
-def sft_problems(sft: SFTConfig) -> list[Problem]:
-    """Every problem of the SFT stage's own settings."""
-    return loop_problems("sft", sft.steps, "examples_per_step", sft.examples_per_step, sft.eval_every)
-
-
 def sft_rules(cfg: ExperimentConfig) -> list[Problem]:
-    """The SFT stage's section, its data file's rows, and one row per DP rank at least."""
-    out = sft_problems(cfg.sft) + data_rules(cfg, preference=None)
+    """The SFT stage's data file's rows, a token budget that holds a row with the longest prompt, and one
+    row per DP rank at least (its numbers' ranges are its fields')."""
+    longest = cfg.data.max_prompt_length + 2  # the prompt, one answer token and <eos>
+    out = data_rules(cfg, preference=None) + token_budget_rules(
+        cfg, longest, "data.max_prompt_length + one answer token + <eos>"
+    )
     rows, ranks = cfg.sft.examples_per_step, cfg.parallel.data
     if 1 <= rows < ranks:
         message = f"{rows} rows per step leave some of the {ranks} DP ranks empty"
