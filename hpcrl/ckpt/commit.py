@@ -28,6 +28,7 @@ from pathlib import Path
 
 from hpcrl.ckpt.integrity import fsync_dir, write_durable
 from hpcrl.ckpt.manifest import CheckpointError
+from hpcrl.config.safe_read import read_text_capped
 
 log = logging.getLogger(__name__)
 
@@ -58,14 +59,18 @@ def step_of(path: Path) -> int | None:
     return int(match.group(1)) if match else None
 
 
+LATEST_MAX_BYTES = 4096
+"""`latest` holds one directory name (step_N)."""
+
+
 def read_latest(root: Path) -> Path | None:
     """The directory `latest` names, or None when there is no usable `latest`: none yet, unreadable,
     empty, garbled, or naming anything but a real directory (absent, a plain file, a symlink: a loop, or
     a link out of the root, which the loader refuses anyway). A damaged root must stop neither a save
     nor a resume: readers then consider every committed directory (`candidates`, which says so)."""
-    try:
-        name = (root / LATEST).read_text().strip()
-    except (OSError, ValueError):  # missing, a directory, a loop, not UTF-8
+    try:  # O_NONBLOCK and regular files only: a FIFO named `latest` would block a plain read forever
+        name = read_text_capped(root / LATEST, LATEST_MAX_BYTES).strip()
+    except (OSError, ValueError):  # missing, a directory, a FIFO, a loop, too long, not UTF-8
         return None
     if not _COMMITTED.match(name) or not _real_dir(root / name):
         return None

@@ -49,25 +49,22 @@ class Range:
 
     def __str__(self) -> str:
         """'in [1, 2^20]', 'in (0, 1]', '>= 0', '> 0'."""
-        low = (
-            f"[{_number(self.ge)}"
-            if self.ge is not None
-            else f"({_number(self.gt)}"
-            if self.gt is not None
-            else ""
-        )
-        high = (
-            f"{_number(self.le)}]"
-            if self.le is not None
-            else f"{_number(self.lt)})"
-            if self.lt is not None
-            else ""
-        )
+        low = _bound(self.ge, "[", self.gt, "(")
+        high = _bound(self.le, "]", self.lt, ")")
         if low and high:
-            return f"in {low}, {high}"
+            return f"in {low[0]}{low[1]}, {high[1]}{high[0]}"
         if low:
-            return f"{'>=' if low[0] == '[' else '>'} {low[1:]}"
-        return f"{'<=' if high[-1] == ']' else '<'} {high[:-1]}" if high else "any"
+            return f"{'>=' if low[0] == '[' else '>'} {low[1]}"
+        return f"{'<=' if high[0] == ']' else '<'} {high[1]}" if high else "any number"
+
+
+def _bound(
+    closed: float | None, closed_mark: str, open_: float | None, open_mark: str
+) -> tuple[str, str] | None:
+    """(bracket, number) of one side of a range, or None when it is unbounded."""
+    if closed is not None:
+        return closed_mark, _number(closed)
+    return (open_mark, _number(open_)) if open_ is not None else None
 
 
 def _number(bound: float) -> str:

@@ -14,13 +14,15 @@ wrong answer of the same length (rejected), so a policy that learns the preferen
 
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
 
 from hpcrl.data.chat import parse_conversation, prompt_text, response_text
 from hpcrl.data.config import DataConfig
-from hpcrl.data.sources import read_jsonl, split_heldout
+from hpcrl.data.files import read_jsonl
+from hpcrl.data.sources import split_heldout
 from hpcrl.data.tasks import ALPHABET, Example, get_task, make_splits
 from hpcrl.errors import ConfigError, Problem, short
 
@@ -96,7 +98,7 @@ def read_preference_jsonl(path: Path, prompt_key: str = "prompt", tokenizer=None
     """All rows of a preference jsonl, paired or unpaired. A missing key, a malformed conversation or an
     empty file is a ConfigError naming the file, the row and the key (the first few at once). Without a
     `tokenizer` conversations are checked but not rendered (what `expand` does)."""
-    if not path.exists():
+    if not os.path.lexists(path):
         raise ConfigError(Problem("does not exist", file=str(path), key="data.path"))
     rows = read_jsonl(path)
     if not rows:

@@ -9,58 +9,17 @@ the row and the key.
 
 from __future__ import annotations
 
-import json
+import os
 from pathlib import Path
 
 from hpcrl.data.chat import MESSAGES_KEY, ChatRow, chat_row, parse_conversation, prompt_text
 from hpcrl.data.config import DataConfig
+from hpcrl.data.files import read_hf_disk, read_jsonl, read_parquet
 from hpcrl.data.tasks import Example, get_task, make_splits
 from hpcrl.errors import ConfigError, Problem, short
 
-
-def read_jsonl(path: Path) -> list[dict]:
-    rows = []
-    with path.open() as fh:
-        for line_no, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise ConfigError(Problem(f"line {line_no} is not JSON: {err}", file=str(path))) from None
-    return rows
-
-
-def _read_parquet(path: Path) -> list[dict]:
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise ConfigError(
-            Problem("parquet needs pyarrow: pip install pyarrow", file=str(path), key="data.source")
-        ) from None
-    return pq.read_table(path).to_pylist()
-
-
-def _read_hf_disk(path: Path) -> list[dict]:
-    try:
-        import datasets
-    except ImportError:
-        raise ConfigError(
-            Problem(
-                "hf_disk needs the `datasets` package: pip install datasets",
-                file=str(path),
-                key="data.source",
-            )
-        ) from None
-    ds = datasets.load_from_disk(str(path))
-    if isinstance(ds, datasets.DatasetDict):
-        if "train" not in ds:
-            raise ConfigError(Problem(f"DatasetDict without a 'train' split: {list(ds)}", file=str(path)))
-        ds = ds["train"]
-    return ds.to_list()
-
-
-READERS = {"jsonl": read_jsonl, "parquet": _read_parquet, "hf_disk": _read_hf_disk}
+READERS = {"jsonl": read_jsonl, "parquet": read_parquet, "hf_disk": read_hf_disk}
+"""The reader of each file source: hpcrl.data.files, where a data file is untrusted input."""
 
 
 def read_rows(cfg: DataConfig) -> list[dict]:
@@ -69,7 +28,7 @@ def read_rows(cfg: DataConfig) -> list[dict]:
     if cfg.path is None:
         raise ConfigError(Problem(f"source {cfg.source!r} needs a path", key="data.path"))
     path = Path(cfg.path)
-    if not path.exists():
+    if not os.path.lexists(path):
         raise ConfigError(Problem("does not exist", file=str(path), key="data.path"))
     rows = READERS[cfg.source](path)
     if not rows:
@@ -115,7 +74,42 @@ def _example(row: object, i: int, cfg: DataConfig, has_answers: bool) -> Example
         raise ConfigError(Problem(message, file=file, key="data.prompt_key"))
     if has_answers and cfg.answer_key not in row:
         raise ConfigError(Problem(f"row {i} has no {cfg.answer_key!r}", file=file, key="data.answer_key"))
-    return Example(str(row[cfg.prompt_key]), str(row.get(cfg.answer_key, "")))
+    prompt = row[cfg.prompt_key]
+    if not isinstance(prompt, str):
+        message = f"row {i}: {cfg.prompt_key!r} must be text (or a conversation), got {short(prompt)}"
+        raise ConfigError(Problem(message, file=file, key="data.prompt_key"))
+    return Example(prompt, _answer_text(row.get(cfg.answer_key, ""), i, cfg))
+
+
+def _answer_text(answer: object, i: int, cfg: DataConfig) -> str:
+    """A flat row's answer: text, or a number written as its text (GSM8K-style `"answer": 42`); anything
+    else (null, true, a list) is refused rather than turned into the text "None"."""
+    if isinstance(answer, str):
+        return answer
+    if isinstance(answer, int | float) and not isinstance(answer, bool):
+        return str(answer)
+    message = f"row {i}: {cfg.answer_key!r} must be text or a number, got {short(answer)}"
+    raise ConfigError(Problem(message, file=cfg.path, key="data.answer_key"))
+
+
+def has_target(row: Example | ChatRow) -> bool:
+    """Whether a row has tokens for SFT to learn: a flat row's answer, a chat row's assistant turn."""
+    if row.conversation is None:
+        return bool(row.answer)
+    return any(m.role == "assistant" for m in row.conversation)
+
+
+def target_problems(rows: list[Example | ChatRow], cfg: DataConfig) -> list[Problem]:
+    """A Problem naming the first rows with nothing to learn (SFT), and how many there are."""
+    missing = [i for i, row in enumerate(rows) if not has_target(row)]
+    if not missing:
+        return []
+    shown = ", ".join(map(str, missing[:5])) + (f" and {len(missing) - 5:,} more" if len(missing) > 5 else "")
+    message = (
+        f"row {shown} has nothing to learn: SFT needs {cfg.answer_key!r} (or an assistant turn) on every row "
+        "(rows of prompt, chosen, rejected are preference pairs: the dpo and rm stages read them)"
+    )
+    return [Problem(message, file=cfg.path, key="data.answer_key")]
 
 
 def load_splits(cfg: DataConfig, tokenizer) -> tuple[list[Example], list[Example]]:

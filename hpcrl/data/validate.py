@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpcrl.data.config import DataConfig
+from hpcrl.data.files import read_jsonl
 from hpcrl.data.preference import UnpairedRow, read_preference_jsonl
-from hpcrl.data.sources import read_examples, read_jsonl
+from hpcrl.data.sources import read_examples, target_problems
 from hpcrl.data.tasks import Example
 from hpcrl.data.tokenizer import CHAT_VOCAB_SIZE
 from hpcrl.errors import ConfigError, Problem
@@ -38,9 +39,11 @@ def data_file_problems(
     preference: PreferenceReader | None,
     hf_path: str | None,
     vocab_size: int | None,
+    needs_answers: bool = False,
 ) -> list[Problem]:
     """Problems of `data`'s file (none for built-in tasks or a path absent here). `preference`: read it
-    as preference rows for that reader rather than prompt / answer / chat rows."""
+    as preference rows for that reader rather than prompt / answer / chat rows; `needs_answers`: every
+    row must have something to learn (SFT)."""
     if data.source == "builtin" or not data.path:
         return []
     path = Path(data.path)
@@ -49,7 +52,7 @@ def data_file_problems(
     except OSError:
         return []
     problems, chat = _checked(data.source, str(path), stat.st_size, stat.st_mtime_ns, data.prompt_key,
-                              data.answer_key, preference)  # fmt: skip
+                              data.answer_key, preference, needs_answers)  # fmt: skip
     if chat and hf_path is None and vocab_size is not None and vocab_size < CHAT_VOCAB_SIZE:
         message = (
             f"chat rows need the tiny tokenizer's role tokens: vocab_size >= {CHAT_VOCAB_SIZE}, "
@@ -61,14 +64,16 @@ def data_file_problems(
 
 @functools.lru_cache(maxsize=16)
 def _checked(
-    source, path, size, mtime_ns, prompt_key, answer_key, preference
+    source, path, size, mtime_ns, prompt_key, answer_key, preference, needs_answers
 ) -> tuple[tuple[Problem, ...], bool]:
     """(problems, whether any row is a chat row); cached by the file's size and mtime, so a sweep's
     elements read a dataset once."""
     data = DataConfig(source=source, path=path, prompt_key=prompt_key, answer_key=answer_key)
     try:
         if not preference:
-            return (), any(not isinstance(r, Example) for r in read_examples(data))
+            rows = read_examples(data)
+            problems = target_problems(rows, data) if needs_answers else []
+            return tuple(problems), any(not isinstance(r, Example) for r in rows)
         if source != "jsonl":
             message = f"the preference stage reads rows from builtin or jsonl, not {source!r}"
             return (Problem(message, key="data.source"),), False

@@ -122,10 +122,18 @@ def _model_rules(cfg: ExperimentConfig) -> list[Problem]:
     return [Problem(p.message, key=p.key or "parallel") for p in problems]
 
 
-def data_rules(cfg: ExperimentConfig, *, preference: PreferenceReader | None) -> list[Problem]:
+def data_rules(
+    cfg: ExperimentConfig, *, preference: PreferenceReader | None, needs_answers: bool = False
+) -> list[Problem]:
     """The data file's rows, when the file is here (hpcrl.data.validate)."""
     m = cfg.model
-    problems = data_file_problems(cfg.data, preference=preference, hf_path=m.hf_path, vocab_size=m.vocab_size)
+    problems = data_file_problems(
+        cfg.data,
+        preference=preference,
+        hf_path=m.hf_path,
+        vocab_size=m.vocab_size,
+        needs_answers=needs_answers,
+    )
     return [
         Problem(f"{p.file}: {p.message}" if p.file else p.message, key=p.key or "data.path") for p in problems
     ]

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from hpcrl.data.cursor import DataCursor, PromptSampler
-from hpcrl.data.sources import load_splits
+from hpcrl.data.sources import has_target, load_splits
 from hpcrl.data.tasks import Example
 from hpcrl.data.tokenizer import model_tokenizer
 from hpcrl.errors import ConfigError, Problem
@@ -64,13 +64,6 @@ def heldout_metrics(out: HeadOutputs, batch: TrainBatch) -> dict[str, float]:
     loss = -(out.logprobs_BT * mask_BS).sum() / mask_BS.sum()
     exact = exact_match_B(out.greedy_BT, mask_BS).float().mean()
     return {"sft/heldout_loss": float(loss), "sft/heldout_exact_match": float(exact)}
-
-
-def has_target(row: Example) -> bool:
-    """Whether a row has tokens to learn: a flat row's answer, a chat row's assistant turn."""
-    if row.conversation is None:
-        return bool(row.answer)
-    return any(m.role == "assistant" for m in row.conversation)
 
 
 def build_sft_driver(cfg: ExperimentConfig) -> SupervisedDriver:

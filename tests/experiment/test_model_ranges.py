@@ -12,20 +12,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpcrl.cli import main
+from hpcrl.config.schema import field_types, range_of
 from hpcrl.errors import ConfigError
 from hpcrl.experiment.resolve import resolve
 from hpcrl.plan.memory import predict
+from hpcrl.train.config import ModelConfig
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "grpo_tiny.yaml"
-MODEL_COUNTS = (
-    "vocab_size",
-    "hidden_size",
-    "num_layers",
-    "num_attention_heads",
-    "num_query_groups",
-    "ffn_hidden_size",
-    "max_position_embeddings",
+MODEL_COUNTS = sorted(
+    name
+    for name, hint in field_types(ModelConfig).items()
+    if (ranged := range_of(hint)) and ranged[0] is int and name != "init_seed"
 )
+"""The model's sizes: its int fields with a range (hpcrl.config.ranges), its seed aside."""
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from hpcrl.data.tokenizer import build_char_tokenizer
 from hpcrl.distributed.spawn import run_ranks
 from hpcrl.errors import ConfigError
 from hpcrl.metrics.sinks import read_jsonl
-from hpcrl.posttrain.sft import build_sft_driver, exact_match_B, heldout_metrics
+from hpcrl.posttrain.sft import exact_match_B, heldout_metrics
 from hpcrl.stages.sequences import response_batch
 from hpcrl.stages.trainer_stage import stage_problems as sft_problems
 from hpcrl.train.batch import TrainBatch
@@ -101,12 +101,10 @@ def test_sft_rules_and_rows_without_answers_are_config_errors(tmp_path):
     assert sft_problems(cfg, world_size=1) == []
     rows = tmp_path / "prompts.jsonl"
     rows.write_text("\n".join(json.dumps({"prompt": f"{i}="}) for i in range(8)))
-    no_answers = tiny_config(
-        TEMPLATE, **{"data.source": "jsonl", "data.path": str(rows), "data.heldout_size": 2}
-    )
-    with pytest.raises(ConfigError) as err:
-        build_sft_driver(no_answers)
-    assert [(p.file, p.key) for p in err.value.problems] == [(str(rows), "data.answer_key")]
+    with pytest.raises(ConfigError) as err:  # found at expand, before any rank (issue 43)
+        tiny_config(TEMPLATE, **{"data.source": "jsonl", "data.path": str(rows), "data.heldout_size": 2})
+    assert [p.key for p in err.value.problems] == ["data.answer_key"]
+    assert f"{rows}: row 0, 1, 2, 3, 4 and 3 more has nothing to learn" in err.value.problems[0].message
 
 
 def _generated_exact_match(checkpoint: Path, out_dir: Path, cfg) -> float:

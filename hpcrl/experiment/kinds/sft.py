@@ -30,9 +30,12 @@ def sft_rules(cfg: ExperimentConfig) -> list[Problem]:
     """The SFT stage's data file's rows, a token budget that holds a row with the longest prompt, and one
     row per DP rank at least (its numbers' ranges are its fields')."""
     longest = cfg.data.max_prompt_length + 2  # the prompt, one answer token and <eos>
-    out = data_rules(cfg, preference=None) + token_budget_rules(
+    out = data_rules(cfg, preference=None, needs_answers=True) + token_budget_rules(
         cfg, longest, "data.max_prompt_length + one answer token + <eos>"
     )
+    if cfg.data.heldout_size < 1:
+        message = "SFT evaluates on held-out rows: must be >= 1 (exact match and loss on unseen rows)"
+        out.append(Problem(message, key="data.heldout_size"))
     rows, ranks = cfg.sft.examples_per_step, cfg.parallel.data
     if 1 <= rows < ranks:
         message = f"{rows} rows per step leave some of the {ranks} DP ranks empty"
