@@ -47,7 +47,14 @@ from hpcrl.bench.records import Record, write_records  # noqa: E402
 
 GOAL_OVERLAP, GOAL_HELDOUT = 1.15, 0.9
 QUIET = ["--logging.progress", "false", "--logging.tensorboard", "false", "--logging.plot", "false"]
-NO_CHECKPOINTS = ["--checkpoint.every_steps", "0", "--checkpoint.save_on_exit", "false"]
+NO_CHECKPOINTS = [
+    "--checkpoint.every_steps",
+    "0",
+    "--checkpoint.save_on_exit",
+    "false",
+    "--checkpoint.export_hf",
+    "false",
+]
 VARIANTS: dict[str, list[str]] = {
     "fixed": ["--algorithm.steps", "250"],
     "varlen": [

@@ -37,7 +37,8 @@ class CheckpointConfig:
     """Save at the end of the run."""
     export_hf: bool = True
     """Write the stage's model as a Hugging Face directory, `<run_dir>/hf`, when the run completes (from
-    its final checkpoint: needs save_on_exit; hpcrl.stages.export)."""
+    its final checkpoint, hpcrl.stages.export: with save_on_exit false, `expand` refuses a run whose
+    every_steps does not divide its steps)."""
     fallback: bool = True
     """On resume, fall back to the previous committed checkpoint when `latest` does not verify; the
     rejected one is renamed `step_N.rejected-<UTC time>` (kept for inspection, see `keep_rejected`; it

@@ -15,7 +15,7 @@ from typing import Optional
 
 from hpcrl.errors import printable
 from hpcrl.launcher import sweeps
-from hpcrl.launcher.compare import compare, write_report
+from hpcrl.launcher.compare import compare, headline_metric, write_report
 from hpcrl.launcher.sweep_manifest import load_manifest
 
 HELP = "Compare a sweep's elements: a markdown report and overlaid curves of one metric."
@@ -23,7 +23,12 @@ HELP = "Compare a sweep's elements: a markdown report and overlaid curves of one
 
 def add_arguments(parser) -> None:
     parser.add_argument("sweep", help="Sweep directory (printed by submit).")
-    parser.add_argument("--metric", type=str, default="reward/heldout", help="Metric to compare.")
+    parser.add_argument(
+        "--metric",
+        type=Optional[str],
+        default=None,
+        help="Metric to compare (default: the stage's held-out headline, e.g. reward/heldout, dpo/heldout_accuracy).",
+    )
     parser.add_argument(
         "--by", type=Optional[str], default=None, help="Swept key to group by (default: the first but seed)."
     )
@@ -35,13 +40,14 @@ def add_arguments(parser) -> None:
 def main(args) -> int:
     notes: list[str] = []
     manifest = sweeps.refresh(load_manifest(args.sweep), notes)  # the states as `hpcrl status` shows them
+    metric = args.metric or headline_metric(manifest, notes)
     for note in notes:
         print(f"hpcrl: note: {printable(note)}", file=sys.stderr)
-    comparison = compare(manifest, args.metric, args.by)
+    comparison = compare(manifest, metric, args.by)
     out = Path(args.out) if args.out is not None else Path(manifest.sweep_dir) / "compare"
     report, plot = write_report(comparison, out)
     read = sum(1 for c in comparison.curves if c.values)
-    print(f"[compare] {read}/{len(comparison.curves)} element(s) logged {printable(args.metric)} -> {report}")
+    print(f"[compare] {read}/{len(comparison.curves)} element(s) logged {printable(metric)} -> {report}")
     if plot is not None:
         print(f"[compare] plot {plot}")
     return 0 if read else 1

@@ -18,6 +18,7 @@ registers it (STAGE_KINDS). This module answers questions about a config's stage
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -43,8 +44,25 @@ def entrypoint_of(cfg: ExperimentConfig) -> str:
 
 
 def config_rules(cfg: ExperimentConfig) -> list[Problem]:
-    """Every cross-field rule of one resolved config: the shared ones and its stage's."""
-    return check_rules(cfg, stage_of(cfg).rules)
+    """Every cross-field rule of one resolved config: the shared ones, its stage's and the final export's."""
+    return check_rules(cfg, stage_of(cfg).rules) + export_problems(cfg)
+
+
+def export_problems(cfg: ExperimentConfig) -> list[Problem]:
+    """`checkpoint.export_hf` writes the model of the final step's checkpoint (hpcrl.stages.export): with
+    `save_on_exit: false` that checkpoint exists only when `every_steps` divides the step count, so a
+    config that would end without it is refused rather than finishing without its export."""
+    ckpt = cfg.checkpoint
+    steps_key = stage_of(cfg).steps_key
+    steps = operator.attrgetter(steps_key)(cfg)
+    if not ckpt.export_hf or ckpt.save_on_exit or (ckpt.every_steps and steps % ckpt.every_steps == 0):
+        return []
+    message = (
+        f"false leaves the final step {steps} ({steps_key}) unsaved (checkpoint.every_steps "
+        f"{ckpt.every_steps} does not divide it), and the HF export (checkpoint.export_hf) is written from "
+        "it: set save_on_exit true, or export_hf false"
+    )
+    return [Problem(message, key="checkpoint.save_on_exit")]
 
 
 def require_rehearsed(cfg: ExperimentConfig, template: str) -> None:

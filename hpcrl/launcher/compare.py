@@ -25,7 +25,10 @@ from pathlib import Path
 from hpcrl.config.output_dirs import DirKind, output_dir_problem
 from hpcrl.config.safe_read import read_capped
 from hpcrl.errors import ConfigError, Problem, printable
+from hpcrl.experiment.stage_kinds import stage_of
+from hpcrl.launcher.element import load_resolved
 from hpcrl.launcher.sweep_manifest import Entry, Manifest
+from hpcrl.metrics.headline import Headline
 from hpcrl.metrics.sinks import METRICS_FILE
 
 REPORT, CURVES = "report.md", "curves.png"
@@ -77,6 +80,23 @@ class Comparison:
         if self.by is None:
             return "all"
         return f"{self.by}={_text(entry.swept.get(self.by))}"
+
+
+DEFAULT_METRIC = Headline().heldout
+"""What `hpcrl compare` compares when neither --metric nor an element's config names a stage."""
+
+
+def headline_metric(manifest: Manifest, notes: list[str]) -> str:
+    """The held-out headline metric of the sweep's stage (hpcrl.experiment.stage_kinds), read from its
+    first element's config.yaml; DEFAULT_METRIC, with a note, when that cannot be read."""
+    if not manifest.entries:
+        return DEFAULT_METRIC
+    path = manifest.entries[0].config_path
+    try:
+        return stage_of(load_resolved(path)).headline.heldout
+    except (ConfigError, OSError, ValueError) as err:
+        notes.append(f"{path}: unreadable ({type(err).__name__}), comparing {DEFAULT_METRIC}")
+        return DEFAULT_METRIC
 
 
 def compare(manifest: Manifest, metric: str, by: str | None) -> Comparison:

@@ -145,3 +145,23 @@ def test_rehearse_refuses_a_stage_it_does_not_model_and_plan_plans_every_stage(c
     for template in (SFT, DPO):  # hpcrl.plan.offline (tests/plan/test_offline.py)
         code, out, err = run_cli(capsys, "plan", template)
         assert code == 0 and "policy params" in out, err
+
+
+@pytest.mark.parametrize(
+    ("args", "refused"),
+    [
+        (["--checkpoint.save_on_exit", "false"], True),  # grpo_tiny: 40 steps, every_steps 10 divides them
+        (["--checkpoint.save_on_exit", "false", "--checkpoint.every_steps", "0"], True),
+        (["--checkpoint.save_on_exit", "false", "--checkpoint.every_steps", "3"], True),
+        (["--checkpoint.save_on_exit", "false", "--checkpoint.every_steps", "4"], False),
+        (["--checkpoint.save_on_exit", "false", "--checkpoint.export_hf", "false"], False),
+        ([], False),
+    ],
+)
+def test_an_export_without_its_final_checkpoint_is_refused_at_expand(capsys, args, refused):
+    """checkpoint.export_hf reads the final step's checkpoint: it is refused where none would be saved
+    (it used to finish with a warning and no export)."""
+    code, _, err = run_cli(capsys, "expand", GRPO, "--algorithm.steps", "8", *args)
+    assert (code == 2) == refused, err
+    if refused:
+        assert "command line:checkpoint.save_on_exit: false leaves the final step 8 (algorithm.steps)" in err

@@ -175,3 +175,21 @@ def test_the_output_directory_follows_the_output_rule(tmp_path, capsys):
     assert not (tmp_path / "elsewhere").exists()
     assert run_cli(capsys, "compare", sweep, "--out", tmp_path / "new")[0] == 1  # a report of nothing yet
     assert run_cli(capsys, "compare", sweep, "--out", tmp_path / "new")[0] == 1  # and again: its own files
+
+
+def test_the_default_metric_is_the_stages_held_out_headline(tmp_path, capsys):
+    """A DPO sweep is compared by dpo/heldout_accuracy unless --metric says otherwise (issue 43)."""
+    dpo = Path(__file__).resolve().parents[2] / "templates" / "dpo_tiny.yaml"
+    template = tmp_path / "dpo.yaml"
+    template.write_text(f"extends: {dpo}\nrun_root: {tmp_path / 'runs'}\nsweep: {{grid: {{seed: [0, 1]}}}}\n")
+    sweep = tmp_path / "sweep"
+    assert run_cli(capsys, "submit", template, "--dry-run", "--sweep_dir", sweep)[0] == 0
+    entries = load_manifest(sweep).entries
+    for entry in entries:
+        _write_metrics(entry.run_dir, [{"step": 1, "dpo/heldout_accuracy": 0.75}])
+    code, out, err = run_cli(capsys, "compare", sweep)
+    assert code == 0 and "2/2 element(s) logged dpo/heldout_accuracy" in out, out + err
+    Path(entries[0].config_path).unlink()  # unreadable: the RL headline, said in a note
+    code, out, err = run_cli(capsys, "compare", sweep)
+    assert code == 1 and "0/2 element(s) logged reward/heldout" in out
+    assert f"hpcrl: note: {entries[0].config_path}: unreadable" in err

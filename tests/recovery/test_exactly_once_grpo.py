@@ -37,6 +37,8 @@ def test_a_rerun_without_any_checkpoint_logs_every_step_once(tmp_path):
         "0",
         "--checkpoint.save_on_exit",
         "false",
+        "--checkpoint.export_hf",
+        "false",
     )
     for attempt in ("first", "second"):
         log = tmp_path / f"{attempt}.log"

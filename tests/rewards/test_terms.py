@@ -127,7 +127,7 @@ def test_a_grpo_run_scored_by_the_task_rule_and_a_function_of_ones_own(tmp_path,
         "run", GRPO, f"--run_root={tmp_path}/runs", "--algorithm.steps=4", "--algorithm.eval_every=0",
         "--algorithm.dynamic_sampling=false", "--reward.terms={task: 1.0, function: 0.5}",
         f"--reward.function={tmp_path}/mine.py:brevity", "--logging.tensorboard=false",
-        "--logging.progress=false", "--logging.plot=false", "--checkpoint.save_on_exit=false",
+        "--logging.progress=false", "--logging.plot=false", "--checkpoint.save_on_exit=false", "--checkpoint.export_hf=false",
     ]  # fmt: skip
     code, _, err = run_cli(capsys, *args)
     assert code == 0, err

@@ -174,7 +174,12 @@ def test_the_ranks_refuse_a_frozen_model_of_another_vocabulary():
 
 def _distill_rows(teacher: Path, root: Path, capsys, *extra: str) -> list[dict]:
     argv = ["run", DISTILL, f"--run_root={root}", f"--algorithm.teacher_path={teacher}", *QUIET]
-    argv += ["--algorithm.steps=3", "--algorithm.eval_every=0", "--checkpoint.save_on_exit=false"]
+    argv += [
+        "--algorithm.steps=3",
+        "--algorithm.eval_every=0",
+        "--checkpoint.save_on_exit=false",
+        "--checkpoint.export_hf=false",
+    ]
     code, _, err = run_cli(capsys, *argv, "--cluster.tasks_per_node=2", *extra)
     assert code == 0, err
     [metrics] = list(root.glob("*/*/metrics.jsonl"))

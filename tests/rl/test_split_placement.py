@@ -125,7 +125,7 @@ def test_hpcrl_run_split_ppo_checkpoints_and_resumes(tmp_path):
         sys.executable, "-m", "hpcrl", "run", str(repo / "templates" / "ppo_tiny.yaml"),
         "--run_root", str(tmp_path), "--placement.kind", "split", "--algorithm.kl_coef", "0.05",
         "--cluster.tasks_per_node", "2", "--algorithm.steps", "3", "--algorithm.eval_every", "0",
-        "--checkpoint.every_steps", "2", "--checkpoint.save_on_exit", "false",
+        "--checkpoint.every_steps", "2", "--checkpoint.save_on_exit", "false", "--checkpoint.export_hf", "false",
         "--logging.tensorboard", "false", "--logging.plot", "false",
     ]  # fmt: skip
     outputs = []
