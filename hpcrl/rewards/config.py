@@ -43,6 +43,7 @@ class RewardConfig:
     (nan_policy), naming the term. Replaces `name` (leave it at its default); `model_path` and
     `function` are read only as their terms (hpcrl.rewards.terms)."""
     timeout_s: Annotated[float, Range(gt=0, le=86400)] = 60.0
-    """reward.function: seconds one call may take; a slower call fails its batch (nan_policy decides)."""
+    """reward.function: seconds one call may take; a slower call is killed with every process it started
+    and fails its batch (nan_policy decides)."""
     nan_policy: str = "error"
     """What a NaN / raising reward does: error (stop) or skip (drop the sample, counted and logged)."""

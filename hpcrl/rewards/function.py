@@ -11,11 +11,12 @@ sample (empty today; per-row fields of richer data sources go there).
 It is code, like `entrypoint`: `function_problems` checks it at `expand` WITHOUT running it (the file
 exists, is a regular UTF-8 file of at most MAX_SOURCE_BYTES, parses, defines `name` at top level with a
 signature that takes the four arguments; a module is found on sys.path without importing it), and only
-the ranks import it. A file path is relative to the template that sets it (hpcrl.experiment.resolve
+a worker process of each rank imports it (hpcrl.usercode.runner: started once, reused across batches,
+its process group killed at `reward.timeout_s`, its output captured and capped, its memory bounded). A file path is relative to the template that sets it (hpcrl.experiment.resolve
 makes it absolute). Its sha256 is recorded in the run's run.json and in the sweep manifest.
 
-At run time (FunctionScorer) a call that raises, runs past `reward.timeout_s`, returns the wrong count or
-a non-number is a failure of every sample of the batch, and a non-finite score a failure of its sample:
+At run time (FunctionScorer) a call that raises, runs past `reward.timeout_s` (then killed, with every
+process it started), dies, returns the wrong count or a non-number is a failure of every sample of the batch, and a non-finite score a failure of its sample:
 `reward.nan_policy` decides (error: stop, naming the function and the sample; skip: drop them).
 """
 
@@ -23,19 +24,14 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import importlib
-import importlib.machinery
-import importlib.util
 import math
-import re
-import threading
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from hpcrl.config.safe_read import read_capped
 from hpcrl.errors import Problem, cut, short
+from hpcrl.usercode.runner import DEFAULT_MEMORY_BYTES, UserCodeError, UserCodeRunner
+from hpcrl.usercode.spec import FunctionSpec
 
 KEY = "reward.function"
 MAX_SOURCE_BYTES = 1 << 20
@@ -43,33 +39,6 @@ MAX_SOURCE_BYTES = 1 << 20
 ARGUMENTS = ("prompts", "responses", "answers", "extras")
 MAX_KEY_CHARS = 64
 """An extra number's key is logged as reward_fn/<key>, printable and at most this long."""
-_IDENTIFIER = r"[A-Za-z_]\w*"
-_MODULE_SPEC = re.compile(rf"{_IDENTIFIER}(?:\.{_IDENTIFIER})*:{_IDENTIFIER}", re.ASCII)
-_FILE_SPEC = re.compile(rf"(?P<path>[^\x00]+\.py):(?P<name>{_IDENTIFIER})", re.ASCII)
-
-
-@dataclass(frozen=True)
-class FunctionSpec:
-    """Where a reward function lives: a file (`path` set) or an importable module (`module` set)."""
-
-    name: str
-    path: str | None = None
-    module: str | None = None
-
-    @classmethod
-    def parse(cls, text: str) -> FunctionSpec:
-        """ValueError saying the expected forms when `text` is neither."""
-        if match := _FILE_SPEC.fullmatch(text):
-            return cls(match["name"], path=match["path"])
-        if _MODULE_SPEC.fullmatch(text):
-            module, name = text.split(":")
-            return cls(name, module=module)
-        raise ValueError(
-            f"expected 'path/to/file.py:function' or 'package.module:function', got {short(text)}"
-        )
-
-    def __str__(self) -> str:
-        return f"{self.path or self.module}:{self.name}"
 
 
 def absolute_spec(text: str, base_dir: Path) -> str:
@@ -90,7 +59,7 @@ def function_problems(text: str) -> list[Problem]:
         spec = FunctionSpec.parse(text)
     except ValueError as err:
         return [Problem(str(err), key=KEY)]
-    source = spec.path if spec.path is not None else _module_file(spec.module)
+    source = spec.source_file()
     if source is None:
         return [
             Problem(f"module {spec.module!r} is not found on the Python path (nothing imported)", key=KEY)
@@ -102,18 +71,6 @@ def function_problems(text: str) -> list[Problem]:
         why = getattr(err, "strerror", None) or getattr(err, "msg", None) or err
         return [Problem(f"cannot read the reward function's source: {why}", file=str(source), key=KEY)]
     return [Problem(p, file=str(source), key=KEY) for p in _definition_problems(tree, spec.name)]
-
-
-def _module_file(module: str) -> str | None:
-    """The source file of `module`, found like an import finds it, without running any package code."""
-    locations = None
-    found = None
-    for part in module.split("."):
-        found = importlib.machinery.PathFinder.find_spec(part, locations)
-        if found is None:
-            return None
-        locations = found.submodule_search_locations
-    return found.origin if found is not None and found.has_location else None
 
 
 def _definition_problems(tree: ast.Module, name: str) -> list[str]:
@@ -135,32 +92,19 @@ def source_sha256(text: str) -> str | None:
     """sha256 of the function's source file (None when it cannot be read or found)."""
     try:
         spec = FunctionSpec.parse(text)
-        source = spec.path if spec.path is not None else _module_file(spec.module)
+        source = spec.source_file()
         return hashlib.sha256(read_capped(source, MAX_SOURCE_BYTES)).hexdigest() if source else None
     except (OSError, ValueError):
         return None
-
-
-def load_function(text: str) -> Callable[..., Any]:
-    """Import the function (on a rank): a file as a module of its own name-spaced by its path."""
-    spec = FunctionSpec.parse(text)
-    if spec.module is not None:
-        return getattr(importlib.import_module(spec.module), spec.name)
-    digest = hashlib.sha256(spec.path.encode()).hexdigest()[:12]
-    loader_spec = importlib.util.spec_from_file_location(f"hpcrl_reward_{digest}", spec.path)
-    module = importlib.util.module_from_spec(loader_spec)
-    loader_spec.loader.exec_module(module)
-    return getattr(module, spec.name)
 
 
 class FunctionScorer:
     """A BatchScorer over a user function: scores (or an Exception per failed sample) and the extra
     numbers of dict results, averaged over the batch (`last_metrics`: reward_fn/<key>)."""
 
-    def __init__(self, text: str, timeout_s: float):
+    def __init__(self, text: str, timeout_s: float, *, memory_bytes: int = DEFAULT_MEMORY_BYTES):
         self.__name__ = text
-        self.fn = load_function(text)
-        self.timeout_s = timeout_s
+        self.runner = UserCodeRunner(text, timeout_s=timeout_s, memory_bytes=memory_bytes)
         self.last_metrics: dict[str, float] = {}
 
     def __call__(
@@ -169,10 +113,8 @@ class FunctionScorer:
         self.last_metrics = {}
         n = len(responses)
         try:
-            values = self._call_with_timeout(
-                list(prompts), list(responses), list(answers), [{} for _ in range(n)]
-            )
-        except Exception as err:  # the user's code may raise anything: every sample failed with it
+            values = self.runner.call(list(prompts), list(responses), list(answers), [{} for _ in range(n)])
+        except UserCodeError as err:  # raised, timed out (its processes killed) or died: every sample failed
             return [err] * n
         if not isinstance(values, Sequence) or isinstance(values, str | bytes) or len(values) != n:
             count = len(values) if isinstance(values, Sequence) else type(values).__name__
@@ -192,23 +134,6 @@ class FunctionScorer:
         self.last_metrics = {f"reward_fn/{key}": sum(v) / len(v) for key, v in extras.items()}
         return scores
 
-    def _call_with_timeout(self, *args):
-        """The call in a daemon thread: past timeout_s it is abandoned (a Python thread cannot be killed;
-        a hung reward keeps its thread, and the run goes on or stops by nan_policy)."""
-        box: dict[str, Any] = {}
-
-        def call() -> None:
-            try:
-                box["value"] = self.fn(*args)
-            except BaseException as err:  # noqa: BLE001 - handed to the caller's policy
-                box["error"] = err
-
-        worker = threading.Thread(target=call, name="hpcrl-reward-function", daemon=True)
-        worker.start()
-        worker.join(self.timeout_s)
-        if worker.is_alive():
-            raise TimeoutError(f"did not return within reward.timeout_s={self.timeout_s:g} s")
-        if "error" in box:
-            error = box["error"]
-            raise error if isinstance(error, Exception) else RuntimeError(repr(error))
-        return box["value"]
+    def close(self) -> None:
+        """Stop the function's worker process (and whatever it started)."""
+        self.runner.close()

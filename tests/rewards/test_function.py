@@ -124,7 +124,7 @@ PROMPTS, RESPONSES, ANSWERS = ["p0", "p1"], ["r0", "r1"], ["a0", "a1"]
         ("def f(p, r, a, e):\n    return ['1', '2']\n", "not a number or a dict with 'score'"),
         (
             "import time\ndef f(p, r, a, e):\n    time.sleep(60)\n",
-            "did not return within reward.timeout_s=0.2 s",
+            "did not return within 0.2 s: its processes were killed",
         ),
     ],
 )
@@ -154,3 +154,38 @@ def test_control_characters_and_overlong_paths_are_refused_by_the_path_rule(tmp_
     template.write_text(f"extends: {GRPO}\nrun_root: {tmp_path / 'runs'}\n")
     code, _, err = run_cli(capsys, "expand", template, "--reward.function", spec)
     assert code == 2 and "reward.function" in err and "\x1b" not in err, err
+
+
+HANGS_ONCE = """\
+import os, time
+from pathlib import Path
+
+def hangs_once(prompts, responses, answers, extras):
+    marker = Path(__file__).with_name("hung_pid")
+    if not marker.exists():
+        marker.write_text(str(os.getpid()))
+        time.sleep(3600)
+    return [float(r.strip() == a.strip()) for r, a in zip(responses, answers)]
+"""
+
+
+@pytest.mark.parametrize("policy", ["skip", "error"])
+def test_a_hung_function_is_killed_and_the_run_goes_on_or_stops_by_nan_policy(tmp_path, capsys, policy):
+    """The first batch's call hangs: at reward.timeout_s its worker is killed (checked by PID); under
+    skip that batch's samples are dropped and the run completes, under error it stops naming the function."""
+    (tmp_path / "mine.py").write_text(HANGS_ONCE)
+    template = _template(tmp_path, "mine.py:hangs_once")
+    args = ("run", template, "--reward.timeout_s", "3", "--reward.nan_policy", policy)
+    if policy == "error":
+        with pytest.raises(RewardError) as err:  # a one-rank run raises in this process
+            run_cli(capsys, *args)
+        assert f"reward {tmp_path / 'mine.py'}:hangs_once raised UserCodeTimeout" in str(err.value)
+        assert "did not return within 3 s: its processes were killed" in str(err.value)
+    else:
+        code, out, err = run_cli(capsys, *args)
+        assert code == 0, err
+        run_dir = Path(out.splitlines()[0].removeprefix("run dir: "))
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        assert len(rows) == 3 and rows[0]["reward/skipped"] > 0 and rows[1]["reward/skipped"] == 0
+    stat = Path(f"/proc/{int((tmp_path / 'hung_pid').read_text())}/stat")
+    assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
