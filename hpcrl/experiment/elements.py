@@ -15,7 +15,6 @@ plan's i-th assignment and the config id recorded when the sweep was checked.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,9 +24,9 @@ from hpcrl.config.schema import build, deep_merge, to_dict, with_values
 from hpcrl.config.sweep_axes import SweepPlan
 from hpcrl.config.yaml_io import canonical_json, canonical_json_joined, dump_yaml, dump_yaml_item
 from hpcrl.experiment.config import ExperimentConfig
+from hpcrl.experiment.ids import UNSET, id_of_set_json, section_set
 from hpcrl.experiment.stage_kinds import stage_data
 
-ID_LENGTH = 10
 TASKS_PER_NODE = "cluster.tasks_per_node"
 
 
@@ -54,32 +53,31 @@ class ResolvedConfig:
         return self.render(self.data)
 
 
-def config_id(data: dict[str, Any]) -> str:
-    """The first ID_LENGTH hex digits of sha256 over the canonical JSON of the resolved config."""
-    return id_of_json(canonical_json(data))
-
-
-def id_of_json(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:ID_LENGTH]
+def _set_json(key: str, value: Any) -> str | None:
+    """The canonical JSON of an item's user-set part (None when it is all default)."""
+    differing = section_set(key, value)
+    return None if differing is UNSET else canonical_json(differing)
 
 
 class SectionTexts:
-    """The canonical JSON and the YAML of a config's top-level items, made once for the base config and
-    reused for every item of an element that is the base's own object (the identity test is exact: a
-    shared object has the same value)."""
+    """The canonical JSON of a config's top-level items' user-set parts (hpcrl.experiment.ids) and their
+    YAML, made once for the base config and reused for every item of an element that is the base's own
+    object (the identity test is exact: a shared object has the same value)."""
 
     def __init__(self, base: dict[str, Any]) -> None:
         self._base = base
-        self._json = {key: canonical_json(value) for key, value in base.items()}
+        self._json = {key: _set_json(key, value) for key, value in base.items()}
         self._yaml = {key: dump_yaml_item(key, value) for key, value in base.items()}
 
     def _shared(self, key: str, value: Any) -> bool:
         return key in self._base and self._base[key] is value
 
     def config_id(self, data: dict[str, Any]) -> str:
-        """= config_id(data)."""
-        items = {k: self._json[k] if self._shared(k, v) else canonical_json(v) for k, v in data.items()}
-        return id_of_json(canonical_json_joined(items))
+        """= hpcrl.experiment.ids.config_id(data)."""
+        items = {k: self._json[k] if self._shared(k, v) else _set_json(k, v) for k, v in data.items()}
+        return id_of_set_json(
+            canonical_json_joined({k: text for k, text in items.items() if text is not None})
+        )
 
     def yaml(self, data: dict[str, Any]) -> str:
         """= dump_yaml(data)."""

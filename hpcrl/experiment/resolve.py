@@ -42,7 +42,8 @@ from hpcrl.config.template import Template, load_template
 from hpcrl.config.text_rules import string_problems
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.config import ExperimentConfig
-from hpcrl.experiment.elements import ElementMaker, Elements, ResolvedConfig, config_id
+from hpcrl.experiment.elements import ElementMaker, Elements, ResolvedConfig
+from hpcrl.experiment.ids import config_id
 from hpcrl.experiment.stage_kinds import config_rules, section_problems, stage_data
 from hpcrl.progress import Track, untracked
 from hpcrl.rewards.function import KEY as REWARD_FUNCTION

@@ -23,7 +23,7 @@ from pathlib import Path
 from hpcrl.config.schema import to_dict
 from hpcrl.config.yaml_io import atomic_write
 from hpcrl.experiment.config import ExperimentConfig
-from hpcrl.experiment.resolve import config_id
+from hpcrl.experiment.ids import config_id
 from hpcrl.experiment.stage_kinds import stage_data
 from hpcrl.lifecycle import Lifecycle
 

@@ -28,7 +28,7 @@ from hpcrl.config.schema import build, check_tree, deep_merge, get_dotted, to_di
 from hpcrl.config.yaml_io import MAX_YAML_BYTES, load_yaml
 from hpcrl.errors import ClusterError, ConfigError, Problem, cut
 from hpcrl.experiment.config import ExperimentConfig
-from hpcrl.experiment.elements import config_id
+from hpcrl.experiment.ids import config_id
 from hpcrl.experiment.resolve import ResolvedConfig, Sweep
 from hpcrl.experiment.stage_kinds import section_problems, stage_data
 from hpcrl.launcher import local, preflight, slurm

@@ -6,8 +6,9 @@ It is written once, at the first start, into `<run_dir>/run.json` and stamped in
 (`RunState.run_id`); a resume refuses a checkpoint whose run id is another run's (hpcrl.stages.checkpointing).
 
 The fingerprint: the first 12 hex digits of sha256 over the canonical JSON of the resolved config's
-leaves, minus the keys that say how long, where or how a run is carried out rather than what it trains
-(IDENTITY_FREE). Changing one of those keeps the identity, so a run continues from its own checkpoints:
+leaves that differ from their defaults (as config ids, hpcrl.experiment.ids: a release that adds a field
+with a default keeps every run's identity; DEFAULTS_VERSION is hashed with them), minus the keys that say
+how long, where or how a run is carried out rather than what it trains (IDENTITY_FREE). Changing one of those keeps the identity, so a run continues from its own checkpoints:
     name, run_root       where the run directory lives (not what is trained)
     algorithm.steps      how long to train (dpo.steps for DPO): a run extended to more steps is the same run
     logging.*            sinks and progress output
@@ -34,6 +35,7 @@ from hpcrl.config.schema import flatten, to_dict
 from hpcrl.config.yaml_io import atomic_write, canonical_json
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.config import ExperimentConfig
+from hpcrl.experiment.ids import DEFAULTS_VERSION, user_set
 from hpcrl.experiment.stage_kinds import stage_data, stage_of
 from hpcrl.rewards.function import KEY as FUNCTION_KEY
 from hpcrl.rewards.function import source_sha256
@@ -67,9 +69,10 @@ class RunIdentity:
 
 
 def identity_config(cfg: ExperimentConfig) -> dict[str, Any]:
-    """The config leaves of its stage's sections that make a run's identity (dotted key -> value)."""
+    """The config leaves of its stage's sections that make a run's identity (dotted key -> value): those
+    set to other than their defaults."""
     free = (*IDENTITY_FREE, stage_of(cfg).steps_key)
-    leaves = flatten(stage_data(to_dict(cfg)))
+    leaves = flatten(user_set(stage_data(to_dict(cfg)), type(cfg)))
     return {key: value for key, value in leaves.items() if _is_identity(key, free)}
 
 
@@ -80,7 +83,8 @@ def _is_identity(key: str, free_keys: tuple[str, ...]) -> bool:
 
 
 def fingerprint(config: dict[str, Any]) -> str:
-    return hashlib.sha256(canonical_json(config).encode()).hexdigest()[:FINGERPRINT_LENGTH]
+    text = canonical_json({"defaults": DEFAULTS_VERSION, "set": config})
+    return hashlib.sha256(text.encode()).hexdigest()[:FINGERPRINT_LENGTH]
 
 
 def fingerprint_of(run_id: str) -> str:
@@ -145,7 +149,15 @@ def _read(path: Path) -> RunIdentity:
 
 
 def _differences(old: dict[str, Any], new: dict[str, Any], shown: int = 5) -> str:
-    keys = sorted(k for k in old.keys() | new.keys() if old.get(k, "<unset>") != new.get(k, "<unset>"))
-    parts = [f"{k}: {old.get(k, '<unset>')!r} -> {new.get(k, '<unset>')!r}" for k in keys[:shown]]
+    """The keys that differ; a key absent from one side is at its default there (only set values are kept)."""
+    keys = sorted(k for k in old.keys() | new.keys() if old.get(k, _DEFAULT) != new.get(k, _DEFAULT))
+    parts = [f"{k}: {_value(old, k)} -> {_value(new, k)}" for k in keys[:shown]]
     more = f", and {len(keys) - shown} more" if len(keys) > shown else ""
     return "differs in " + ", ".join(parts) + more if parts else "no key recorded differs"
+
+
+_DEFAULT = object()
+
+
+def _value(config: dict[str, Any], key: str) -> str:
+    return repr(config[key]) if key in config else "(default)"

@@ -93,7 +93,7 @@ def test_a_resolved_element_holds_only_its_stages_sections():
     # the id hashes only what the stage reads: another stage's defaults do not move it
     other = dataclasses.replace(dpo.config, algorithm=dataclasses.replace(dpo.config.algorithm, kl_coef=0.5))
     from hpcrl.config.schema import to_dict
-    from hpcrl.experiment.elements import config_id
+    from hpcrl.experiment.ids import config_id
 
     assert stage_data(to_dict(other)) == stage_data(to_dict(dpo.config))
     assert config_id(stage_data(to_dict(other))) == dpo.config_id
@@ -102,12 +102,13 @@ def test_a_resolved_element_holds_only_its_stages_sections():
 def test_run_identity_reads_the_stages_sections_and_frees_its_step_count():
     dpo = resolve(DPO).elements[0].config
     identity = identity_config(dpo)
-    assert "dpo.beta" in identity and "dpo.steps" not in identity
+    assert "dpo.pairs_per_step" in identity and "dpo.steps" not in identity
+    assert "dpo.beta" not in identity  # set to its default: as if unset (hpcrl.experiment.ids)
     assert not any(key.startswith(("algorithm.", "rollout.", "reward.", "placement.")) for key in identity)
     longer = dataclasses.replace(dpo, dpo=dataclasses.replace(dpo.dpo, steps=400))
     assert identity_config(longer) == identity
     rl = resolve(GRPO).elements[0].config
-    assert "algorithm.steps" not in identity_config(rl) and "algorithm.clip_ratio" in identity_config(rl)
+    assert "algorithm.steps" not in identity_config(rl) and "algorithm.entropy_coef" in identity_config(rl)
 
 
 def test_the_entrypoint_is_the_stages_unless_the_config_names_one():

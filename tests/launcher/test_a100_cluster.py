@@ -19,7 +19,7 @@ import pytest
 
 from hpcrl import cli
 from hpcrl.config.yaml_io import load_yaml
-from hpcrl.experiment.elements import config_id
+from hpcrl.experiment.ids import config_id
 from hpcrl.launcher.sweep_manifest import load_manifest
 from tests.waiting import wait_until
 

@@ -68,4 +68,4 @@ def test_run_json_of_another_config_is_refused_naming_the_keys_that_differ(tmp_p
     other = ExperimentConfig(seed=1)
     with pytest.raises(ConfigError, match=f"belongs to run {first.run_id}") as err:
         load_or_create(tmp_path, other)
-    assert "seed: 0 -> 1" in str(err.value) and str(tmp_path / RUN_FILE) in str(err.value)
+    assert "seed: (default) -> 1" in str(err.value) and str(tmp_path / RUN_FILE) in str(err.value)
