@@ -91,9 +91,9 @@ class ModelConfig:
 class OptimizerConfig:
     """AdamW settings of the actor (and critic) updates."""
 
-    lr: Positive = 1e-3
-    """Learning rate."""
-    critic_lr: Positive | None = None
+    lr: NonNegative = 1e-3
+    """Learning rate (0 keeps the weights where they start: a run that only evaluates or logs)."""
+    critic_lr: NonNegative | None = None
     """Critic learning rate; None uses `lr`."""
     weight_decay: NonNegative = 0.0
     """Decoupled weight decay."""

@@ -54,9 +54,9 @@ def _expand(capsys, template: Path, *args: str) -> str:
     [
         (SFT, "optim.micro_batch_size", "0", "must be in [1, 2^20], got 0"),
         (SFT, "optim.micro_batch_size", "-2", "must be in [1, 2^20], got -2"),
-        (SFT, "optim.lr", ".nan", "must be a finite number > 0, got nan"),
-        (SFT, "optim.lr", ".inf", "must be a finite number > 0, got inf"),
-        (SFT, "optim.lr", "-1", "must be > 0, got -1.0"),
+        (SFT, "optim.lr", ".nan", "must be a finite number >= 0, got nan"),
+        (SFT, "optim.lr", ".inf", "must be a finite number >= 0, got inf"),
+        (SFT, "optim.lr", "-1", "must be >= 0, got -1.0"),
         (SFT, "optim.grad_clip", ".nan", "must be a finite number >= 0, got nan"),
         (SFT, "optim.betas", "[0.9, 1.0]", "must be in [0, 1), got 1.0"),
         (SFT, "data.heldout_size", "-1", "must be in [0, 2^31], got -1"),
@@ -83,7 +83,7 @@ def test_a_number_outside_its_range_is_named_in_its_template_and_sweep(tmp_path,
         "sweep: {grid: {sft.steps: [4, 0]}, list: [{data.heldout_size: -3}]}\n"
     )
     err = _expand(capsys, template)
-    assert f"{template}:optim.lr: out of range: must be a finite number > 0, got nan" in err
+    assert f"{template}:optim.lr: out of range: must be a finite number >= 0, got nan" in err
     assert f"{template}:sweep.grid.sft.steps[1]: out of range: must be in [1, 10^8], got 0" in err
     assert f"{template}:sweep.list[0].data.heldout_size[0]: out of range: " in err
     assert not (tmp_path / "runs").exists()

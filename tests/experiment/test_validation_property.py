@@ -106,7 +106,8 @@ def mistake(draw, template: dict) -> str | None:
         number, bounds = RANGED[key]
         below = bounds.ge - 1 if bounds.ge is not None else bounds.gt
         above = bounds.le + 1 if bounds.le is not None else bounds.lt
-        outside = [v for v in (below, above) if v is not None] + [10**30]
+        outside = [v for v in (below, above) if v is not None]
+        outside += [10**30] if above is not None else []  # past every upper bound
         outside += [float("nan"), float("inf"), -float("inf")] if number is float else []
         _set(template, key, number(draw(st.sampled_from(outside))))
     elif kind == "bad_section":
