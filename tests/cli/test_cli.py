@@ -55,7 +55,7 @@ def test_help_config_documents_every_key_from_its_field_docstring(capsys):
     assert "  --cluster.nodes  int in [1, 2^20] = 1\n      Nodes per array element." in out
     assert "  --cluster.executor  one of ['local', 'slurm'] = local" in out
     code, out, _ = run_cli(capsys, "expand", "--help-config", "optim")
-    assert code == 0 and "--optim.lr  float > 0 = " in out and "--cluster." not in out
+    assert code == 0 and "--optim.lr  float >= 0 = " in out and "--cluster." not in out
     code, _, err = run_cli(capsys, "run", "--help-config", "clustr")
     assert code == 2 and "command line:--help-config: no config key 'clustr' (did you mean 'cluster'?)" in err
 
