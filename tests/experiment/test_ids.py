@@ -23,7 +23,9 @@ from hpcrl.experiment.resolve import resolve
 from hpcrl.experiment.stage_kinds import stage_data
 from hpcrl.stages.run_identity import fingerprint, identity_config
 from hpcrl.train.config import OptimizerConfig
+from tests.cli_runs import run_cli
 from tests.recovery._runs import committed_steps, final_tensors, metric_rows, run_dir_of
+from tests.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden" / f"defaults_v{ids.DEFAULTS_VERSION}.json"
@@ -101,9 +103,21 @@ def test_a_field_added_with_a_default_moves_no_id_and_no_run_identity(template):
 
 
 FIXTURE = Path(__file__).parent / "fixtures" / "release_1"
-"""A run started on the release of DEFAULTS_VERSION 1: `run.yaml` (what its user set) and the run dir its
-`hpcrl run` left when it was SIGKILLed after its step-2 checkpoint (launcher.json still RUNNING, a stale
-writer lock) - kept as it was, so that every later release is tried against it."""
+"""A sweep started on the release of DEFAULTS_VERSION 1, kept as it was left, so that every later release
+is tried against it: `run.yaml` (what its user set), the sweep directory `hpcrl submit run.yaml
+--sweep_dir sweep` made (its manifest's absolute paths written as @FIXTURE@) and the run dir its local
+element left when the runner's process group was SIGKILLed after the step-2 checkpoint (launcher.json
+still RUNNING, a stale writer lock)."""
+
+
+def _kept(tmp_path: Path) -> tuple[Path, Path]:
+    """A copy of the fixture in `tmp_path` (its manifest pointing at the copy) and its run dir."""
+    kept = tmp_path / "kept"
+    shutil.copytree(FIXTURE, kept)
+    manifest = kept / "sweep" / "manifest.json"
+    manifest.write_text(manifest.read_text().replace("@FIXTURE@", str(kept)))
+    [run_dir] = [p.parent for p in (kept / "runs").glob("*/*/run.json")]
+    return kept, run_dir
 
 
 def _run(workdir: Path) -> Path:
@@ -119,21 +133,50 @@ def _run(workdir: Path) -> Path:
     return run_dir_of(workdir / "runs")
 
 
-@pytest.mark.heavy
-def test_a_run_dir_of_an_earlier_release_resumes_bitwise_with_an_uninterrupted_run(tmp_path):
-    kept = tmp_path / "kept"
-    shutil.copytree(FIXTURE, kept)
-    [kept_dir] = [p.parent for p in (kept / "runs").glob("*/*/run.json")]
-    assert resolve(kept / "run.yaml").elements[0].config_id == kept_dir.name  # the same run dir today
-    resumed = _run(kept)
-    assert resumed == kept_dir and sorted(committed_steps(resumed / "checkpoints")) == [2, 4]
-    fresh = tmp_path / "fresh"
-    fresh.mkdir()
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory) -> Path:
+    """The same run, uninterrupted, on this release."""
+    fresh = tmp_path_factory.mktemp("fresh")
     shutil.copy(FIXTURE / "run.yaml", fresh / "run.yaml")
-    straight = _run(fresh)
-    assert straight.name == kept_dir.name
-    assert (
-        metric_rows(resumed) == metric_rows(straight) and len(metric_rows(straight)) == 5
-    )  # 4 steps + final eval
+    return _run(fresh)
+
+
+def _assert_bitwise(resumed: Path, straight: Path) -> None:
+    """Resumed from the kept step-2 checkpoint under its own run identity (both files as kept: not
+    started over), and equal to the uninterrupted run in every tensor and every step's metrics."""
+    kept = FIXTURE / "runs" / resumed.parent.name / resumed.name
+    for name in (
+        "run.json",
+        "checkpoints/step_00000002/manifest.json",
+        "checkpoints/step_00000002/rank_00000.h5",
+    ):
+        assert (resumed / name).read_bytes() == (kept / name).read_bytes(), name
+    assert resumed.name == straight.name and sorted(committed_steps(resumed / "checkpoints")) == [2, 4]
+    assert metric_rows(resumed) == metric_rows(straight) and len(metric_rows(straight)) == 5  # + final eval
     mine, theirs = final_tensors(resumed / "checkpoints"), final_tensors(straight / "checkpoints")
     assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+
+
+@pytest.mark.heavy
+def test_a_run_dir_of_an_earlier_release_resumes_bitwise_by_hpcrl_run(tmp_path, straight):
+    kept, run_dir = _kept(tmp_path)
+    assert resolve(kept / "run.yaml").elements[0].config_id == run_dir.name  # the same run dir today
+    assert _run(kept) == run_dir
+    _assert_bitwise(run_dir, straight)
+
+
+@pytest.mark.heavy
+def test_a_sweep_of_an_earlier_release_resumes_bitwise_by_hpcrl_resume(tmp_path, straight, capsys):
+    kept, run_dir = _kept(tmp_path)
+    sweep = kept / "sweep"
+    code, out, err = run_cli(capsys, "status", sweep, "--json")
+    assert code == 0 and json.loads(out)["counts"] == {"LOST": 1}, out + err  # its runner is gone
+    code, out, err = run_cli(capsys, "resume", sweep)
+    assert code == 0, err
+
+    def completed() -> bool:
+        code, out, _ = run_cli(capsys, "status", sweep, "--json")
+        return code == 0 and json.loads(out)["counts"] == {"COMPLETED": 1}
+
+    wait_until(completed, 300, "the resumed element COMPLETED")
+    _assert_bitwise(run_dir, straight)
