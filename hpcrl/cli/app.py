@@ -91,11 +91,12 @@ def _parser(**kwargs) -> ArgumentParser:
     return ArgumentParser(exit_on_error=False, allow_abbrev=False, formatter_class=HelpFormatter, **kwargs)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run one `hpcrl` command; returns its exit code (see the module docstring)."""
+def main(argv: Sequence[str | os.PathLike[str]] | None = None) -> int:
+    """Run one `hpcrl` command; returns its exit code (see the module docstring). `argv` may hold paths
+    (as `subprocess` takes them): each is its file system string."""
     try:
         try:
-            return _main(list(sys.argv[1:] if argv is None else argv))
+            return _main([os.fspath(arg) for arg in (sys.argv[1:] if argv is None else argv)])
         finally:  # inside the try: a reader gone before this flush is a broken pipe too
             sys.stdout.flush()
     except BrokenPipeError:

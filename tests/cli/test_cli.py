@@ -4,6 +4,7 @@ keys, errors that name the file at fault, quiet ends of a closed pipe, and the p
 from __future__ import annotations
 
 import io
+import json
 import os
 import subprocess
 import sys
@@ -150,3 +151,10 @@ def test_local_ranks_follow_the_layout_unless_set(capsys, tmp_path):
     code, _, err = run_cli(capsys, "expand", TINY, *slurm)
     assert code == 2 and "layout mismatch" in err  # on Slurm it is a resource request: never guessed
     assert os.environ.get("PATH")
+
+
+def test_main_takes_paths_in_argv_as_subprocess_does(capsys):
+    """`cli.main([..., Path(...)])` was an AttributeError (`Path.startswith`) in the option check."""
+    template = Path(__file__).resolve().parents[2] / "templates" / "grpo_tiny.yaml"
+    assert cli.main(["expand", template, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[0])["index"] == 0
