@@ -133,7 +133,3 @@ class FunctionScorer:
                     extras.setdefault(cut(str(key), MAX_KEY_CHARS), []).append(float(extra))
         self.last_metrics = {f"reward_fn/{key}": sum(v) / len(v) for key, v in extras.items()}
         return scores
-
-    def close(self) -> None:
-        """Stop the function's worker process (and whatever it started)."""
-        self.runner.close()
