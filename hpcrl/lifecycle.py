@@ -18,14 +18,19 @@ different moments, so the trigger turns the flags into one decision that all ran
 
 A TERM after USR2 whose save has not landed (a slow start or a long step on a loaded node: the time limit
 came first) requeues at once when the run checkpoints (`checkpoints_and_resumes`, said by its stage's
-checkpointing); the next attempt resumes from the last committed checkpoint, or starts over when there
-is none yet. That is what submitit's own handler does at the USR2, and the alternative ends the element
-as TIMEOUT: an attempt whose first save was still being written when the time limit came (a loaded node,
-the first attempt of a one-minute element) would end the whole job. A run that saves nothing is not
+checkpointing), and the run still saves: every rank got the TERM, so all of them save at the next step
+boundary and stop, inside Slurm's KillWait (SIGKILL comes that long after the TERM). The requeue comes
+first because it cannot come after: a step longer than KillWait would be SIGKILLed with the element
+unrequeued (TIMEOUT, the whole job ended), and the requeued job cannot start again before every process
+of this attempt is gone (its nodes stay COMPLETING until then), so the save never races the next
+attempt. submitit's handler ends rank 0 right after `scontrol requeue` (SystemExit); here that ending is
+held (`term_requeue_ending`) and raised by the wrapper once the entrypoint returned, so rank 0 leaves no
+collective half done. The next attempt resumes from that save, or from the last committed checkpoint
+when SIGKILL came first, or starts over when there is none yet. A run that saves nothing is not
 requeued: it would only start over. A save still in flight completes or is killed, atomically either
-way (nothing half-written is ever `latest`); rank 0 makes no save on exit (the other ranks are not
-saving with it). Requeues stay bounded by submitit's max_num_timeout. (A scancel inside that last
-window is taken for the time limit: the job comes back once, and a second scancel ends it.)
+way (nothing half-written is ever `latest`). Requeues stay bounded by submitit's max_num_timeout. (A
+scancel inside that last window is taken for the time limit: the job comes back once, and a second
+scancel ends it.)
 
 USR2 and TERM are taken over only under submitit (elsewhere nobody sends USR2, and a local SIGTERM, e.g.
 `hpcrl cancel` of a local element, should end the rank at once). A signal that arrives before the
@@ -54,6 +59,11 @@ TERMINATE_SIGNAL = signal.SIGTERM
 """Slurm's 'this job ends now' (preemption, requeue, cancel); SIGKILL follows KillWait seconds later."""
 INTERRUPT_SIGNAL = signal.SIGINT
 """Ctrl-C."""
+TERM_REQUEUE_SAID = (
+    "the time limit came before the requested save: requeued; saving at the next step boundary "
+    "(else the next attempt resumes from the last checkpoint, if any)"
+)
+"""What every rank logs when a TERM beat the save USR2 asked for (see the module docstring)."""
 
 
 class Lifecycle:
@@ -68,8 +78,12 @@ class Lifecycle:
         self._save_requested = False
         self._requeue_asked = False  # USR2 came: a requeue is owed, after a save or (TERM first) at once
         self._resumable = False
-        self.requeued_unsaved = False
-        """TERM came before USR2's save landed and the requeue was handed to submitit from the handler."""
+        self.requeued_at_term = False
+        """TERM came before USR2's save landed: the requeue was handed to submitit from the TERM handler (the
+        run goes on to save at the next step boundary and stop)."""
+        self.term_requeue_ending: BaseException | None = None
+        """What submitit's requeue raised on rank 0 at that TERM, held until the entrypoint returned:
+        SystemExit once `scontrol requeue` took, UncompletedJobError when it refused (none left)."""
         self._terminating = False
         self._stop_for_requeue = False
         self._stopped = False
@@ -124,14 +138,14 @@ class Lifecycle:
     def _on_terminate(self, signum: int, frame: Any) -> None:
         _say(f"{signal.Signals(signum).name}: Slurm is ending the job")
         self._terminating = True
-        owed = self._requeue_asked and not self._stop_for_requeue and not self.requeued_unsaved
+        owed = self._requeue_asked and not self._stop_for_requeue and not self.requeued_at_term
         if owed and self.submitit_handler is not None and self._resumable:
-            _say(
-                "the time limit came before the requested save: requeued (resumes from the last checkpoint, if any)"
-            )
-            self.requeued_unsaved = True  # first: the requeue's own TERM re-enters this handler
-            # rank 0: ElementTask.checkpoint, `scontrol requeue`, SystemExit; other ranks: it returns
-            self.submitit_handler(REQUEUE_SIGNAL, None)
+            _say(TERM_REQUEUE_SAID)
+            self.requeued_at_term = True  # first: the requeue's own TERM re-enters this handler
+            try:  # rank 0: ElementTask.checkpoint, `scontrol requeue`, then an exit; other ranks: it returns
+                self.submitit_handler(REQUEUE_SIGNAL, None)
+            except (SystemExit, Exception) as ending:  # raised after the save (hpcrl.launcher.element)
+                self.term_requeue_ending = ending
 
     def checkpoints_and_resumes(self) -> None:
         """The entrypoint saves checkpoints and resumes from them (its stage checkpointing says so): a

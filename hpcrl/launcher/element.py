@@ -21,8 +21,9 @@ submitit's handler, which calls `ElementTask.checkpoint` (state REQUEUED) and `s
 element; the restarted element resumes from `latest`. An entrypoint that never asks for it (it saves
 nothing) is not requeued: it would restart from scratch. A signal after the last step requeues nothing.
 The same path serves a save made before the time limit without any signal. When the time limit's SIGTERM
-comes before that save landed, the lifecycle requeues at once an entrypoint that checkpoints (the next
-attempt resumes from the last committed checkpoint, if any), and rank 0's state stays REQUEUED.
+comes before that save landed, the lifecycle requeues at once an entrypoint that checkpoints and the
+ranks still save at the next step boundary, within KillWait; rank 0 then ends as submitit's requeue
+would have ended it at the TERM (`Lifecycle.term_requeue_ending`), and its state stays REQUEUED.
 
 Termination path: a preemption (PreemptMode=REQUEUE), `scontrol requeue` or scancel sends SIGTERM to every
 rank and SIGKILL KillWait seconds later (submitit's own handler only logs SIGTERM). The entrypoint saves,
@@ -209,9 +210,9 @@ def _run_in_group(
         try:
             return fn(cfg, run_dir, lifecycle=lifecycle)
         except BaseException as err:
-            # requeued from the TERM handler: submitit's requeue exits (SystemExit) once `scontrol requeue`
-            # took, and ElementTask.checkpoint wrote REQUEUED; its refusal (no requeue left) is an error
-            if env.rank == 0 and not (lifecycle.requeued_unsaved and isinstance(err, SystemExit)):
+            # requeued from the TERM handler (ElementTask.checkpoint wrote REQUEUED, Slurm restarts the
+            # job whatever ends this attempt), unless submitit refused the requeue (none left): an error
+            if env.rank == 0 and not _requeue_taken_at_term(lifecycle):
                 _write_state(run_dir, state="FAILED", error=f"{type(err).__name__}: {err}")
             raise
     finally:
@@ -225,6 +226,9 @@ def _finish(result: Any, env: DistEnv, run_dir: Path, lifecycle: Lifecycle) -> A
     # Done: a late warning signal must not kill the exiting process (Python restores the default
     # action, terminate, while it shuts down; Slurm would then call the finished element FAILED).
     lifecycle.uninstall()
+    if lifecycle.requeued_at_term:  # saved at the step boundary after it (or ended first): Slurm restarts it
+        _end_term_requeue(lifecycle, env.rank, run_dir)
+        return result
     if lifecycle.submitit_handler is not None and lifecycle.wants_requeue:
         _requeue(lifecycle.submitit_handler, env.rank)
         return result
@@ -235,6 +239,22 @@ def _finish(result: Any, env: DistEnv, run_dir: Path, lifecycle: Lifecycle) -> A
     if env.rank == 0:
         _write_state(run_dir, state="COMPLETED", finished=time.time())
     return result
+
+
+def _requeue_taken_at_term(lifecycle: Lifecycle) -> bool:
+    return lifecycle.requeued_at_term and not isinstance(lifecycle.term_requeue_ending, Exception)
+
+
+def _end_term_requeue(lifecycle: Lifecycle, rank: int, run_dir: Path) -> None:
+    """Rank 0 ends now as submitit's requeue ended it at the TERM (held by the lifecycle until the
+    entrypoint returned): SystemExit after `scontrol requeue` (no result pickle: the job runs again), or
+    submitit's refusal, which its job wrapper records as the element's error."""
+    ending = lifecycle.term_requeue_ending
+    if rank != 0 or ending is None:
+        return
+    if not _requeue_taken_at_term(lifecycle):
+        _write_state(run_dir, state="FAILED", error=f"{type(ending).__name__}: {ending}")
+    raise ending
 
 
 REQUEUED_WHILE_STARTING = (
@@ -275,7 +295,7 @@ class ElementTask(submitit.helpers.Checkpointable):
         said here, as the other two say theirs, so that every requeue in the log has its reason."""
         state: dict[str, Any] = {"state": "REQUEUED", "requeue_requested": time.time()}
         lifecycle = self.__dict__.get("_lifecycle")
-        if lifecycle is None or not (lifecycle.wants_requeue or lifecycle.requeued_unsaved):
+        if lifecycle is None or not (lifecycle.wants_requeue or lifecycle.requeued_at_term):
             refused = (requeues_left() or 0) < 0  # submitit refuses right after this returns: the job ends
             said = ENDED_WHILE_STARTING if refused else REQUEUED_WHILE_STARTING
             print(f"hpcrl: {said}", file=sys.stderr, flush=True)

@@ -265,11 +265,7 @@ class StageCheckpointing:
         for remove in self._removers:
             remove()
         self._removers = []
-        if self.lifecycle.requeued_unsaved:  # requeued from the TERM handler: the other ranks save nothing
-            log.warning(
-                "not saved on exit: requeued at the time limit; the next attempt resumes from `latest`"
-            )
-        elif self.cfg.checkpoint.save_on_exit and completed_steps > 0 and self._last_saved != completed_steps:
+        if self.cfg.checkpoint.save_on_exit and completed_steps > 0 and self._last_saved != completed_steps:
             if between_steps:
                 self.save(completed_steps)
             else:

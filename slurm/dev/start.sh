@@ -170,7 +170,9 @@ SlurmdParameters=config_overrides
 MailProg=/bin/true
 SchedulerType=sched/backfill
 SchedulerParameters=batch_sched_delay=0,sched_min_interval=0,sched_interval=1,bf_interval=1
-KillWait=5
+# SIGTERM -> SIGKILL. Short for the tests' cancels (submitit ignores TERM), long enough for a save after the
+# time limit's TERM (tests/recovery/test_slurm_requeue.py; Slurm's default is 30).
+KillWait=15
 MinJobAge=3600
 InactiveLimit=0
 Waittime=0

@@ -110,29 +110,39 @@ def test_unpickling_the_element_task_imports_no_torch():
 
 
 @pytest.mark.parametrize(
-    ("raised", "state"),
+    ("ending", "after", "state"),
     [
-        (SystemExit(0), "REQUEUED"),
-        (submitit.core.utils.UncompletedJobError("timed-out too many times"), "FAILED"),
+        (SystemExit(-1), "saved", "REQUEUED"),
+        (SystemExit(-1), "raised", "REQUEUED"),
+        (submitit.core.utils.UncompletedJobError("timed-out too many times"), "saved", "FAILED"),
     ],
-    ids=["requeued", "refused"],
+    ids=["requeued-then-saved", "requeued-then-raised", "refused"],
 )
-def test_a_requeue_from_the_term_handler_stays_requeued_and_a_refused_one_is_failed(tmp_path, raised, state):
+def test_a_requeue_from_the_term_handler_ends_rank_0_after_the_run_and_stays_requeued(
+    tmp_path, ending, after, state
+):
     """Rank 0's TERM handler hands the requeue to submitit, which writes REQUEUED (ElementTask.checkpoint)
     and then either exits once `scontrol requeue` took (SystemExit) or refuses (no requeue left:
-    UncompletedJobError): the job then ends, and launcher.json must not go on saying REQUEUED."""
+    UncompletedJobError); the lifecycle holds that ending while the ranks save at the step boundary, and
+    rank 0 raises it once the entrypoint returned. Whatever ends the attempt after a requeue that took,
+    Slurm runs the job again: REQUEUED stays; a refused one ends the job, and launcher.json says FAILED."""
     from hpcrl.distributed.env import DistEnv
     from hpcrl.experiment.config import ExperimentConfig
     from hpcrl.lifecycle import Lifecycle
 
     def entrypoint(cfg, run_dir, lifecycle):
         element.ElementTask().checkpoint("cfg.yaml", str(run_dir))  # what submitit's handler calls first
-        lifecycle.requeued_unsaved = True
-        raise raised
+        lifecycle.requeued_at_term, lifecycle.term_requeue_ending = True, ending
+        if after == "raised":  # e.g. another rank SIGKILLed mid-collective
+            raise RuntimeError("a collective broke")
+        lifecycle.stop_for_termination()  # saved at the step boundary
+        return "saved"
 
-    env = DistEnv.from_environ()
-    with element.scoped_environ(env.torchrun_environ()), pytest.raises(type(raised)):
-        element._run_in_group(entrypoint, ExperimentConfig(), env, tmp_path, Lifecycle(), None)
+    env, lifecycle = DistEnv.from_environ(), Lifecycle()
+    raised = RuntimeError if after == "raised" else type(ending)
+    with element.scoped_environ(env.torchrun_environ()), pytest.raises(raised):
+        result = element._run_in_group(entrypoint, ExperimentConfig(), env, tmp_path, lifecycle, None)
+        element._finish(result, env, tmp_path, lifecycle)
     assert json.loads((tmp_path / element.LAUNCHER_STATE).read_text())["state"] == state
 
 
@@ -149,7 +159,7 @@ def test_a_requeue_by_submitits_own_handler_says_the_attempt_was_starting(tmp_pa
     if stage == "stopped_for_requeue":
         task._lifecycle.stop_for_requeue()  # saved and stopped: `_requeue` calls checkpoint
     if stage == "term_handler":
-        task._lifecycle.requeued_unsaved = True  # the TERM handler said its own line first
+        task._lifecycle.requeued_at_term = True  # the TERM handler said its own line first
     delayed = task.checkpoint("cfg.yaml", str(tmp_path))
     said = element.REQUEUED_WHILE_STARTING in capsys.readouterr().err
     assert said == (stage in ("starting", "lifecycle_made"))

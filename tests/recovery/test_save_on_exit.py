@@ -6,7 +6,10 @@ weights of step 3's update under the name step_2, so a resume applied that updat
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -69,18 +72,38 @@ def test_a_run_stopped_between_steps_is_still_saved_on_exit(tmp_path):
     assert [p.name for p in (run_dir / "checkpoints").glob("step_*")] == ["step_00000002"]
 
 
-def test_a_run_requeued_from_the_term_handler_makes_no_save_on_exit(monkeypatch, tmp_path, caplog):
-    """The time limit's TERM beat the requested save and rank 0's handler requeued the job (submitit:
-    `scontrol requeue`, SystemExit) between two steps: the other ranks are not saving with rank 0, so a
-    save on exit (a collective) would only hang until Slurm's SIGKILL. The next attempt resumes from the
-    last checkpoint instead."""
-    from hpcrl.lifecycle import Lifecycle
+class _SlurmJob:
+    """The one boundary faked: submitit's job environment, whose `_requeue` runs `scontrol requeue` on
+    the job around this process (tests/recovery/test_slurm_requeue.py does this on real Slurm)."""
 
-    checkpointed: list[Lifecycle] = []
-    real_says = Lifecycle.checkpoints_and_resumes
-    monkeypatch.setattr(
-        Lifecycle, "checkpoints_and_resumes", lambda self: (checkpointed.append(self), real_says(self))
-    )
+    global_rank = 0
+
+    def __init__(self) -> None:
+        self.requeued: list[int] = []
+
+    def _requeue(self, countdown: int) -> None:
+        self.requeued.append(countdown)
+
+
+def test_a_term_after_usr2_before_its_save_still_saves_and_requeues(monkeypatch, tmp_path, caplog):
+    """Submitit's USR2 and then the time limit's TERM reach rank 0 while step 2 ends, before the save
+    USR2 asked for: the TERM hands the requeue to submitit's own handler (its real code: checkpoint,
+    `scontrol requeue`, exit), the run still saves step 2 at that step boundary, and only then does
+    rank 0 end as submitit ends a requeued job (SystemExit, no result). Before: submitit's exit came
+    inside the TERM handler, mid-step, and the next attempt lost the step since the last checkpoint."""
+    from submitit.core.job_environment import SignalHandler
+    from submitit.helpers import DelayedSubmission
+
+    from hpcrl.launcher.element import LAUNCHER_STATE, ElementTask
+
+    element_dir = tmp_path / "element"
+    element_dir.mkdir()
+    delayed = DelayedSubmission(ElementTask(), "config.yaml", str(element_dir))
+    delayed.set_timeout(timeout_min=60, max_num_timeout=3)
+    slurm_job = _SlurmJob()
+    paths = type("JobPaths", (), {"submitted_pickle": tmp_path / "submitted.pkl"})()
+    submitit_handler = SignalHandler(slurm_job, paths, delayed)  # type: ignore[arg-type]
+    monkeypatch.setattr(signal, "getsignal", lambda sig: submitit_handler.checkpoint_and_try_requeue)
     real_run_steps = job.run_steps
 
     def run_steps(cfg, run_dir, parts, logger, one_step, *args, **kwargs):
@@ -89,14 +112,21 @@ def test_a_run_requeued_from_the_term_handler_makes_no_save_on_exit(monkeypatch,
         def log(metrics: dict) -> None:
             real_log(metrics)
             rows.append(metrics)
-            if len(rows) == 2:  # step 1 logged, between steps: what the requeue's SystemExit interrupts
-                [lifecycle] = checkpointed
-                lifecycle.requeued_unsaved = True
-                raise SystemExit(0)
+            if len(rows) == 2:  # step 2 done, its save not yet made: the warning, then the time limit
+                os.kill(os.getpid(), signal.SIGUSR2)
+                os.kill(os.getpid(), signal.SIGTERM)
 
         monkeypatch.setattr(logger, "log", log)
         return real_run_steps(cfg, run_dir, parts, logger, one_step, *args, **kwargs)
 
     monkeypatch.setattr(job, "run_steps", run_steps)
-    _assert_ends_unsaved_by(SystemExit, tmp_path, caplog, "rank 0 saved on exit alone")
-    assert "not saved on exit: requeued at the time limit" in caplog.text
+    argv = ["run", str(TEMPLATE), "--run_root", str(tmp_path / "runs"), "--algorithm.steps", "4"]
+    argv += ["--algorithm.eval_every", "0", "--checkpoint.every_steps", "0", *QUIET]
+    with caplog.at_level(logging.WARNING), pytest.raises(SystemExit) as ended:
+        main(argv)
+    assert ended.value.code == -1  # submitit's requeue exit, raised after the save
+    assert slurm_job.requeued == [3]  # once: the requeue's own TERM does not requeue again
+    [run_dir] = (tmp_path / "runs").glob("grpo_tiny/*")
+    assert [p.name for p in (run_dir / "checkpoints").glob("step_*")] == ["step_00000002"]
+    assert "step 2: saved (requested, terminating), stopping: the job is ending" in caplog.text
+    assert json.loads((element_dir / LAUNCHER_STATE).read_text())["state"] == "REQUEUED"

@@ -30,6 +30,7 @@ import pytest
 from hpcrl.cli import app as cli
 from hpcrl.launcher.element import LAUNCHER_STATE, REQUEUED_WHILE_STARTING, load_resolved
 from hpcrl.launcher.sweep_manifest import load_manifest
+from hpcrl.lifecycle import TERM_REQUEUE_SAID
 from hpcrl.stages.rank import STEP_SLEEP_ENV
 from tests.recovery._runs import (
     REPO,
@@ -175,9 +176,10 @@ def test_time_limit_of_one_minute_finishes_through_signal_save_and_requeue(reque
         if "saved (requested), stopping for requeue" in line  # signal -> save -> stop, on each attempt
     ]
     saves = len(stops)
-    # an attempt still starting when the time limit came is requeued unsaved (from the last checkpoint, if
-    # any): by hpcrl's TERM handler, or by submitit's own before hpcrl's were installed (a loaded node)
-    unsaved = log.count("the time limit came before the requested save") + log.count(REQUEUED_WHILE_STARTING)
+    # an attempt whose requested save had not landed when the time limit came is requeued at the TERM (by
+    # hpcrl's handler: it saves after, within KillWait, if it can), or by submitit's own handler when
+    # hpcrl's were not installed yet (a loaded node): "unsaved" counts those requeues
+    unsaved = log.count(TERM_REQUEUE_SAID) + log.count(REQUEUED_WHILE_STARTING)
     requeues = element["restarts"]
     assert saves >= 1 and saves + unsaved == requeues, log[-3000:]
     # submitit logs "Requeued job" after `scontrol requeue` returns, and the requeue may TERM that scontrol
@@ -231,25 +233,27 @@ def test_scontrol_requeue_of_a_running_two_node_element_resumes_it(slurm_cluster
 
 
 @pytest.mark.heavy
-def test_the_time_limit_before_the_requested_save_requeues_from_the_last_checkpoint(slurm_cluster, tmp_path):
+def test_the_time_limit_before_the_requested_save_requeues_at_once_and_still_saves(slurm_cluster, tmp_path):
     """USR2 (submitit's time-limit warning) during a step that cannot end before the TERM that follows:
-    the element is requeued at once and resumes from the last checkpoint. Before, TERM only stopped it,
-    the save never came, nobody requeued, and the element ended as TIMEOUT: what a loaded CI node did to
-    the one-minute element (its 8th attempt spent the warning window starting up)."""
+    the element is requeued at once, the step still ends within KillWait (15 s here; the requeue's own
+    TERM starts it again), both ranks save step 2 at its boundary, and the next attempt resumes from that
+    save. Before: first TERM only stopped it, nobody requeued, and the element ended as TIMEOUT (what a
+    loaded CI node did to the one-minute element); then submitit's exit inside the TERM handler requeued
+    it unsaved, and the next attempt redid the step from the checkpoint before the signals."""
     sweep_dir = submit(TEMPLATES / "grpo_signalled.yaml", tmp_path)
     [entry] = load_manifest(sweep_dir).entries
     run_dir = Path(entry.run_dir)
     wait_until(lambda: latest_step(run_dir / "checkpoints") == 1, 300, "step 1's checkpoint", poll_s=0.5)
-    # step 1 now sleeps 15 s: no step boundary comes between the two signals
+    # step 1 now sleeps 10 s: no step boundary comes between the two signals
     slurm_cluster.run(["scancel", "--signal=USR2", entry.job_id])
     for rank in (0, 1):  # in order: TERM only after every rank took the warning
         warned = lambda rank=rank: "USR2: requeue requested" in slurm_log(sweep_dir, rank)  # noqa: E731
         wait_until(warned, 60, f"rank {rank} to take the USR2")
     slurm_cluster.run(["scancel", "--signal=TERM", entry.job_id])
-    element = wait_final(sweep_dir, timeout_s=300)  # a guard: a requeue and a 2-step attempt
+    element = wait_final(sweep_dir, timeout_s=300)  # a guard: a requeue and a 1-step attempt
     log = slurm_log(sweep_dir)
     assert element["state"] == "COMPLETED" and element["restarts"] == 1, log[-3000:]
-    unsaved = "the time limit came before the requested save: requeued"
-    assert unsaved in log and "saved (requested)" not in log, log[-3000:]
-    assert "step_00000001 at step 1" in log, log[-3000:]  # resumed from the checkpoint before the signals
+    assert TERM_REQUEUE_SAID in log and "saved (requested)," not in log, log[-3000:]
+    assert "step 2: saved (periodic, requested, terminating), stopping: the job is ending" in log, log[-3000:]
+    assert "step_00000002 at step 2" in log, log[-3000:]  # resumed from the save after the TERM
     assert [r["step"] for r in metric_rows(run_dir)] == [0, 1, 2]  # each step once
