@@ -82,6 +82,9 @@ class Checkpointer:
         self._stages: tuple[ThreadPoolExecutor, ThreadPoolExecutor] | None = None
         self._error: BaseException | None = None
         self._committed: Path | None = None
+        self.committed_step: int | None = None
+        """The step of the last checkpoint this process committed (rank 0; set from the writer thread of an
+        async save once it is committed), None before the first."""
         self._buffers = HostBuffers()
 
     def save(
@@ -119,6 +122,8 @@ class Checkpointer:
             if plan.rank == 0:
                 tidy_root(job)
             self._committed = run_sync(job, self.group)
+            if self._committed is not None:
+                self.committed_step = job.state.step
             self.last_save_s = time.perf_counter() - start
             return
         self._inflight = InFlightSave(step, tensors)
@@ -225,6 +230,7 @@ class Checkpointer:
             write_rank(job, before_record=inflight.seal)
             if job.plan.rank == 0:
                 self._committed = commit_save(job)
+                self.committed_step = job.state.step
             self.last_save_s = time.perf_counter() - start
         except BaseException as err:
             self._failed(job, err)

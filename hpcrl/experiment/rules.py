@@ -19,6 +19,7 @@ from hpcrl.data.validate import PreferenceReader, data_file_problems
 from hpcrl.distributed.layout import ModelDims, ParallelLayout, model_problems
 from hpcrl.distributed.placement import placement_of
 from hpcrl.errors import ConfigError, Problem, short
+from hpcrl.metrics.rules import logging_problems
 from hpcrl.rewards.terms import megatron_reward_model
 from hpcrl.train.config import ModelConfig
 from hpcrl.train.hf_config import ModelDimsUnavailable, with_hf_architecture
@@ -101,7 +102,7 @@ def check_rules(cfg: ExperimentConfig, stage_rules: StageRules) -> list[Problem]
             Problem(f"expected 'package.module:function', got {short(cfg.entrypoint)}", key="entrypoint")
         )
     out += _name_rules(cfg.name) + _required_rules(cfg)
-    return out + check_cluster(cfg.cluster)
+    return out + check_cluster(cfg.cluster) + logging_problems(cfg.logging)
 
 
 def _model_rules(cfg: ExperimentConfig) -> list[Problem]:

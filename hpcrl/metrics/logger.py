@@ -1,4 +1,5 @@
-"""MetricsLogger: the sinks a LoggingConfig asks for, on the main rank only."""
+"""MetricsLogger: the sinks a LoggingConfig asks for, on the main rank only; the experiment trackers
+(hpcrl.metrics.trackers) behind their outbox."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from hpcrl.metrics.config import LoggingConfig
 from hpcrl.metrics.headline import Headline
 from hpcrl.metrics.plot import plot_reward_curve
 from hpcrl.metrics.sinks import METRICS_FILE, JsonlWriter, ProgressBar, TensorBoardWriter, read_jsonl
+from hpcrl.metrics.trackers import TrackerOutbox
 
 
 class MetricsLogger:
@@ -27,12 +29,15 @@ class MetricsLogger:
         start_step: int = 0,
         force_progress: bool = False,
         headline: Headline = Headline(),
+        trackers: TrackerOutbox | None = None,
     ):
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.sinks: list[Any] = []
         self.is_main = is_main
         self.headline = headline
+        self.trackers = trackers if is_main else None
+        """The experiment trackers' outbox: records reach them once settled (`settle`, `close_trackers`)."""
         if not is_main:
             return
         if cfg.jsonl:
@@ -47,6 +52,18 @@ class MetricsLogger:
             raise ValueError(f"metrics record without 'step': {sorted(record)}")
         for sink in self.sinks:
             sink.write(record)
+        if self.trackers is not None:
+            self.trackers.hold(record)
+
+    def settle(self, completed_steps: int) -> None:
+        """A checkpoint of `completed_steps` steps is committed: the trackers get the steps before it."""
+        if self.trackers is not None:
+            self.trackers.settle(completed_steps)
+
+    def close_trackers(self, completed: bool) -> int:
+        """The run is over (completed: every record is final); returns the records not sent (the next
+        attempt redoes those steps)."""
+        return 0 if self.trackers is None else self.trackers.close(completed)
 
     def close(self) -> Path | None:
         """Close sinks; return the headline plot's path when one was written."""

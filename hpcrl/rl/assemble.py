@@ -44,6 +44,7 @@ from hpcrl.rl.workers import ActorWorker, RolloutWorker
 from hpcrl.rollout.base import SamplingParams
 from hpcrl.rollout.engine_rule import ENGINES, EngineFacts, resolve_engine
 from hpcrl.stages.stateful import DataCursorState, Stateful
+from hpcrl.stages.tracking import metrics_logger
 from hpcrl.train.model import build_generation_groups, build_train_groups, named_global_params
 from hpcrl.train.trainer import build_policy_trainer
 from hpcrl.train.workers import Pool, Shards, TrainerWorker
@@ -164,7 +165,7 @@ class JobInputs:
     heldout: list
 
     def logger(self) -> MetricsLogger:
-        return MetricsLogger(self.cfg.logging, self.run_dir, self.cfg.algorithm.steps, is_main=self.rank == 0)
+        return metrics_logger(self.cfg, self.run_dir, self.cfg.algorithm.steps, is_main=self.rank == 0)
 
     def learner(self, models: Models) -> Learner:
         return Learner(self.cfg.algorithm, self.cfg.rollout.max_new_tokens, models)

@@ -236,6 +236,12 @@ class StageCheckpointing:
         self.trigger.record_save(time.perf_counter() - start)
         self._last_saved = completed_steps
 
+    @property
+    def committed_steps(self) -> int:
+        """The completed steps that the last checkpoint this attempt committed holds (0: none yet; rank 0,
+        where the trackers run: hpcrl.metrics.trackers)."""
+        return self.checkpointer.committed_step or 0
+
     def after_step(self, step: int) -> bool:
         """Save when the trigger says so; True = stop now (signal or time limit). A stop waits for the
         save to be committed and asks the launcher to requeue the element."""

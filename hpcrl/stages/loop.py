@@ -3,6 +3,7 @@ evaluation, and the logger and checkpointer closed whatever happens (hpcrl.stage
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +16,8 @@ from hpcrl.lifecycle import Lifecycle
 from hpcrl.stages.checkpointing import StageCheckpointing
 from hpcrl.stages.export import export_final_model
 from hpcrl.stages.stateful import Stateful
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from hpcrl.metrics.logger import MetricsLogger
@@ -43,7 +46,7 @@ def run_steps(
     stage's own: RL's actor, the reward model's "reward.") to `<run_dir>/hf` (hpcrl.stages.export). `ckpt_parts` = (trainers by prefix, the stage's other
     Statefuls: its data cursor, ...); `lifecycle`: the run's signals (None: an inert one). Returns (the last metrics, merged with the final ones; the reward plot or None)."""
     ckpt: StageCheckpointing | None = None
-    completed, last, stopped, in_step = 0, {}, False, False
+    completed, last, stopped, in_step, ended = 0, {}, False, False, False
     try:  # a refused resume (another run's checkpoint) closes the logger too
         ckpt = StageCheckpointing(cfg, run_dir, *ckpt_parts, lifecycle=lifecycle)
         completed = ckpt.resume()
@@ -57,24 +60,40 @@ def run_steps(
             logger.log(metrics)
             last = metrics
             completed = index + 1
-            if ckpt.after_step(index):
-                stopped = True
+            stopped = ckpt.after_step(index)
+            logger.settle(ckpt.committed_steps)  # the trackers get what no resume can redo
+            if stopped:
                 break
         if final is not None and not stopped:
             metrics = final(steps)
             metrics["time/elapsed_s"] = time.perf_counter() - start
             logger.log(metrics)
             last = {**last, **metrics}
+        ended = completed == steps and not stopped
     finally:
         plot = logger.close()
-        if ckpt is not None:
-            ckpt.close(completed, between_steps=not in_step)
+        try:
+            if ckpt is not None:
+                ckpt.close(completed, between_steps=not in_step)
+                logger.settle(ckpt.committed_steps)
+        finally:
+            _close_trackers(logger, ended)
     if completed == steps and not stopped and cfg.checkpoint.export_hf and _is_rank_zero():
         # rank 0 reads the committed checkpoint, so it need not hold the model (split placement)
         exported = export_final_model(ckpt.checkpointer.root, Path(run_dir), export_prefix, steps)
         if exported is not None:
             print(f"hpcrl: HF export {exported}", flush=True)
     return last, plot
+
+
+def _close_trackers(logger: MetricsLogger, ended: bool) -> None:
+    """A run that ended sends every record (its final evaluation included); else the steps after the last
+    commit stay unsent: the next attempt redoes them."""
+    unsent = logger.close_trackers(ended)
+    if unsent:
+        log.warning(
+            "%d records after the last checkpoint not sent to the trackers: a resume redoes them", unsent
+        )
 
 
 def _is_rank_zero() -> bool:

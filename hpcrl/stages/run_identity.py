@@ -133,6 +133,11 @@ def load_or_create(run_dir: Path, cfg: Any) -> RunIdentity:
     return saved
 
 
+def read_identity(run_dir: Path) -> RunIdentity:
+    """The identity in `<run_dir>/run.json` (made by `load_or_create` at the first start)."""
+    return _read(Path(run_dir) / RUN_FILE)
+
+
 def _read(path: Path) -> RunIdentity:
     try:
         data = json.loads(path.read_text())

@@ -23,10 +23,10 @@ from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.experiment.stage_kinds import stage_of
 from hpcrl.lifecycle import Lifecycle
-from hpcrl.metrics.logger import MetricsLogger
 from hpcrl.stages.loop import run_steps
 from hpcrl.stages.rank import enter_rank, step_sleep_s
 from hpcrl.stages.stateful import DataCursorState
+from hpcrl.stages.tracking import metrics_logger
 from hpcrl.train.batch import TrainBatch
 from hpcrl.train.workers import TrainerWorker
 
@@ -80,7 +80,7 @@ def run_trainer_stage(
     start = time.perf_counter()
     driver = build_driver(cfg)
     steps = operator.attrgetter(kind.steps_key)(cfg)
-    logger = MetricsLogger(cfg.logging, run_dir, steps, is_main=rank == 0, headline=kind.headline)
+    logger = metrics_logger(cfg, run_dir, steps, is_main=rank == 0, headline=kind.headline)
 
     def step(index: int) -> dict:
         # held-out metrics of the model before this step's update (step 0: as initialised)
