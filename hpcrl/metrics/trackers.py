@@ -49,6 +49,9 @@ class TrackedRun:
 class Tracker(Protocol):
     def log(self, record: dict[str, Any]) -> None: ...
 
+    def catch_up(self, records: list[dict[str, Any]]) -> None:
+        """Records an earlier attempt sent, or was killed while sending: log what the tracker lacks."""
+
     def close(self, completed: bool) -> None: ...
 
 
@@ -86,6 +89,10 @@ class WandbTracker:
     def log(self, record: dict[str, Any]) -> None:
         self.run.log(scalars(record), step=int(record["step"]))
 
+    def catch_up(self, records: list[dict[str, Any]]) -> None:
+        """Nothing: an offline W&B run cannot be asked what it holds, and a step twice is worse than one
+        lost (a SIGKILL while wandb's service held unwritten steps loses them; docs/runs.md)."""
+
     def close(self, completed: bool) -> None:
         self.run.finish(exit_code=0 if completed else 1)
         self._wandb.teardown()  # stops wandb's service process: nothing outlives the rank
@@ -111,9 +118,14 @@ class MlflowTracker:
             found = self.client.search_runs(
                 [experiment_id], filter_string=f"tags.`hpcrl.run_id` = '{run.run_id}'", max_results=1
             )
+            self.last_steps: dict[str, int] = {}
+            """Per metric key, the last step the MLflow run holds: a point is logged once, per key."""
             if found:
                 self.run_id = found[0].info.run_id
                 self.client.update_run(self.run_id, status="RUNNING")
+                for key in found[0].data.metrics:
+                    history = self.client.get_metric_history(self.run_id, key)
+                    self.last_steps[key] = max((m.step for m in history), default=-1)
             else:
                 created = self.client.create_run(
                     experiment_id, run_name=run.name, tags={"hpcrl.run_id": run.run_id}
@@ -139,10 +151,21 @@ class MlflowTracker:
         from mlflow.entities import Metric
 
         now_ms, step = int(time.time() * 1000), int(record["step"])
-        metrics = [Metric(mlflow_key(k), v, now_ms, step) for k, v in scalars(record).items()]
+        metrics = [
+            Metric(key, v, now_ms, step)
+            for k, v in scalars(record).items()
+            if self.last_steps.get(key := mlflow_key(k), -1) < step
+        ]
+        self.last_steps |= {m.key: step for m in metrics}
         with _file_store_allowed():
             for start in range(0, len(metrics), 1000):
                 self.client.log_batch(self.run_id, metrics=metrics[start : start + 1000])
+
+    def catch_up(self, records: list[dict[str, Any]]) -> None:
+        """Log each point the run lacks (an earlier attempt's, killed between two files of a batch: the
+        file store writes one file per metric)."""
+        for record in records:
+            self.log(record)
 
     def close(self, completed: bool) -> None:
         with _file_store_allowed():
@@ -181,10 +204,17 @@ class TrackerOutbox:
     `settle(n)`: a checkpoint of n completed steps is committed: records of steps < n go out.
     `close(completed)`: the run completed (every step and its final evaluation are kept): all go out;
     otherwise the held ones are dropped (the next attempt redoes and sends them). Trackers open at the
-    first record that goes out (`open_trackers`), so a run that sends nothing starts none."""
+    first record that goes out (`open_trackers`), so a run that sends nothing starts none; they then catch
+    up on the records before it (`earlier(step)`: the run's metrics.jsonl, cut back to the resume step),
+    which an earlier attempt sent, or was SIGKILLed while sending."""
 
-    def __init__(self, open_trackers: Callable[[], Sequence[Tracker]]):
+    def __init__(
+        self,
+        open_trackers: Callable[[], Sequence[Tracker]],
+        earlier: Callable[[int], list[dict[str, Any]]] = lambda step: [],
+    ):
         self._open = open_trackers
+        self._earlier = earlier
         self._trackers: Sequence[Tracker] | None = None
         self._held: list[dict[str, Any]] = []
 
@@ -211,6 +241,9 @@ class TrackerOutbox:
             return
         if self._trackers is None:
             self._trackers = self._open()
+            before = self._earlier(int(records[0]["step"]))  # what earlier attempts logged (metrics.jsonl)
+            for tracker in self._trackers:
+                tracker.catch_up(before)
         for record in records:
             for tracker in self._trackers:
                 tracker.log(record)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from hpcrl.config.schema import flatten, to_dict
@@ -9,6 +10,7 @@ from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.experiment.ids import user_set
 from hpcrl.metrics.headline import Headline
 from hpcrl.metrics.logger import MetricsLogger
+from hpcrl.metrics.sinks import METRICS_FILE
 from hpcrl.metrics.trackers import TRACKERS, TrackedRun, Tracker, TrackerOutbox
 from hpcrl.stages.run_identity import read_identity
 
@@ -21,7 +23,7 @@ def metrics_logger(
     run_dir = Path(run_dir)
     outbox = None
     if cfg.logging.trackers and is_main:
-        outbox = TrackerOutbox(lambda: open_trackers(cfg, run_dir))
+        outbox = TrackerOutbox(lambda: open_trackers(cfg, run_dir), lambda step: logged_before(run_dir, step))
     return MetricsLogger(
         cfg.logging, run_dir, total_steps, is_main=is_main, headline=headline, trackers=outbox
     )
@@ -39,3 +41,19 @@ def open_trackers(cfg: ExperimentConfig, run_dir: Path) -> list[Tracker]:
         config=data,
     )
     return [TRACKERS[name](cfg.logging, run) for name in dict.fromkeys(cfg.logging.trackers)]
+
+
+def logged_before(run_dir: Path, step: int) -> list[dict]:
+    """metrics.jsonl's records of steps before `step` (an earlier attempt's), complete lines only."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_bytes().splitlines():
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(record, dict) and type(record.get("step")) is int and record["step"] < step:
+            records.append(record)
+    return records

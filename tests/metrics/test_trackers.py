@@ -31,6 +31,9 @@ class _Recording:
     def log(self, record: dict) -> None:
         self.steps.append(record["step"])
 
+    def catch_up(self, records: list[dict]) -> None:
+        self.caught_up = [r["step"] for r in records]
+
     def close(self, completed: bool) -> None:
         self.closed.append(completed)
 
@@ -42,7 +45,9 @@ events = st.lists(st.one_of(st.just("log"), st.integers(0, 12).map(lambda n: ("c
 @given(events=events, completed=st.booleans())
 def test_the_outbox_sends_each_step_once_in_order_and_only_what_no_resume_redoes(events, completed):
     tracker, opened = _Recording(), []
-    outbox = TrackerOutbox(lambda: opened.append(1) or [tracker])
+    outbox = TrackerOutbox(
+        lambda: opened.append(1) or [tracker], lambda step: [{"step": s} for s in range(-3, step)]
+    )
     logged, committed = 0, 0
     for event in events:
         if event == "log":
@@ -56,7 +61,29 @@ def test_the_outbox_sends_each_step_once_in_order_and_only_what_no_resume_redoes
     assert tracker.steps == list(range(sent))
     assert dropped == logged - sent
     assert len(opened) == (1 if sent else 0)  # opened once, at the first record that goes out
+    assert getattr(tracker, "caught_up", None) == (list(range(-3, 0)) if sent else None)  # what came before
     assert tracker.closed == ([completed] if sent else [])
+
+
+def test_mlflow_catches_up_a_batch_a_sigkill_cut_short_and_logs_each_point_once(tmp_path):
+    """The file store writes one file per metric: a SIGKILL inside a batch leaves a step half logged. The
+    next attempt's tracker finds the run by hpcrl's run id and logs only the points it lacks."""
+    from hpcrl.metrics.config import MlflowConfig
+    from hpcrl.metrics.trackers import MlflowTracker, TrackedRun
+
+    run = TrackedRun("fp-1-ab", "c0ffee", "sweep", tmp_path, tmp_path, {"seed": "1"}, {})
+    rows = [{"step": s, "a": 1.0 * s, "b": 10.0 * s} for s in range(4)]
+    killed = MlflowTracker(MlflowConfig(), run)
+    killed.log(rows[0])
+    killed.log({"step": 1, "a": 1.0})  # b of step 1 never written
+    resumed = MlflowTracker(MlflowConfig(), run)
+    assert resumed.run_id == killed.run_id
+    resumed.catch_up(rows[:2])
+    resumed.log(rows[2])
+    resumed.log(rows[3])
+    resumed.close(completed=True)
+    got, params, tags = _mlflow_history(tmp_path, store=tmp_path / "mlruns")
+    assert got == rows and params == {"seed": "1"} and tags["status"] == "FINISHED"
 
 
 def test_a_tracker_gets_finite_numbers_only():
@@ -64,13 +91,16 @@ def test_a_tracker_gets_finite_numbers_only():
     assert scalars(record) == {"a": 1.0, "b": 0.5}
 
 
-def _mlflow_history(run_root: Path) -> tuple[list[dict], dict[str, str], dict[str, str]]:
+def _mlflow_history(
+    run_root: Path, store: Path | None = None
+) -> tuple[list[dict], dict[str, str], dict[str, str]]:
     """(rows by step, params, tags) of the one MLflow run in the sweep's file store."""
     from mlflow.tracking import MlflowClient
 
     from hpcrl.metrics.trackers import _file_store_allowed
 
-    [store] = run_root.glob("*/mlruns")
+    if store is None:
+        [store] = run_root.glob("*/mlruns")
     with _file_store_allowed():
         client = MlflowClient(tracking_uri=store.resolve().as_uri())
         [experiment] = [e for e in client.search_experiments() if e.name != "Default"]
