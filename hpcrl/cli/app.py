@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {
     "run": "hpcrl.cli.run",
     "status": "hpcrl.cli.status",
     "compare": "hpcrl.cli.compare",
+    "serve": "hpcrl.cli.serve",
     "logs": "hpcrl.cli.logs",
     "cancel": "hpcrl.cli.cancel",
     "resume": "hpcrl.cli.resume",
@@ -51,6 +52,7 @@ typical use:
   hpcrl submit T.yaml               submit the array job(s); prints the sweep directory
   hpcrl status SWEEP_DIR            the state of every element; then logs, cancel, resume
   hpcrl compare SWEEP_DIR           the elements side by side: report.md + overlaid curves
+  hpcrl serve SWEEP_DIR             a live web page of the sweep (127.0.0.1:8050)
   hpcrl run T.yaml [--index N]      run one config here, in the foreground
 
 Any config key is set with --<dotted.key> VALUE (e.g. --optim.lr 1e-5); every key with its type,

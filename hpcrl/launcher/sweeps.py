@@ -349,9 +349,10 @@ def _set_job(entry: Entry, job_id: str, state: str) -> None:
     entry.job_id, entry.state, entry.reason = job_id, state, None
 
 
-def refresh(manifest: Manifest, notes: list[str] | None = None) -> Manifest:
-    """Ask the scheduler for every submitted element's state and reason; save and return the manifest.
-    `notes` gets one line when the states did not come from accounting (hpcrl.launcher.slurm)."""
+def refresh(manifest: Manifest, notes: list[str] | None = None, *, save: bool = True) -> Manifest:
+    """Ask the scheduler for every submitted element's state and reason; save (unless `save` is False: a
+    read-only viewer, `hpcrl serve`) and return the manifest. `notes` gets one line when the states did
+    not come from accounting (hpcrl.launcher.slurm)."""
     submitted = [e for e in manifest.entries if e.job_id]
     if manifest.executor == "local":
         for e in submitted:
@@ -381,7 +382,8 @@ def refresh(manifest: Manifest, notes: list[str] | None = None) -> Manifest:
             if seen.state == "LOST" and e.state in FINAL:
                 continue
             e.state, e.reason = _known(seen)
-    manifest.save()
+    if save:
+        manifest.save()
     return manifest
 
 
