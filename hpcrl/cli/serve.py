@@ -10,6 +10,7 @@ Ctrl-C or SIGTERM. Exit 2 for a bad sweep directory or an address it cannot bind
 from __future__ import annotations
 
 import importlib.util
+import logging
 import signal
 import threading
 
@@ -39,6 +40,7 @@ def main(args) -> int:
     from hpcrl.serve.page import build_app  # imports Dash (~0.6 s): here only, not for every command
 
     app = build_app(args.sweep, args.refresh_s)
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per request (one every refresh)
     try:
         server = make_server(args.host, args.port, app.server, threaded=True)
     except OSError as err:
