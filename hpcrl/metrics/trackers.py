@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from hpcrl.metrics import wandb_log
 from hpcrl.metrics.config import LoggingConfig, MlflowConfig, WandbConfig
 
 
@@ -74,11 +75,12 @@ class WandbTracker:
         import wandb
 
         self._wandb = wandb
+        self.root, self.id = run.run_dir, wandb_id(run.run_id)
         self.run = wandb.init(
             project=cfg.project,
             mode=cfg.mode,
             dir=str(run.run_dir),
-            id=wandb_id(run.run_id),
+            id=self.id,
             name=run.name,
             group=run.group,
             config=run.config,
@@ -90,8 +92,12 @@ class WandbTracker:
         self.run.log(scalars(record), step=int(record["step"]))
 
     def catch_up(self, records: list[dict[str, Any]]) -> None:
-        """Nothing: an offline W&B run cannot be asked what it holds, and a step twice is worse than one
-        lost (a SIGKILL while wandb's service held unwritten steps loses them; docs/runs.md)."""
+        """Send again the steps after the last one W&B wrote here (its transaction logs under the run dir,
+        hpcrl.metrics.wandb_log): wandb's service writes in order, so what a SIGKILL took is the tail."""
+        written = wandb_log.last_step(self.root, self.id)
+        for record in records:
+            if int(record["step"]) > written:
+                self.log(record)
 
     def close(self, completed: bool) -> None:
         self.run.finish(exit_code=0 if completed else 1)
