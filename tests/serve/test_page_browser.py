@@ -59,7 +59,7 @@ def _text(driver, element_id: str) -> str | None:
 @pytest.mark.dist
 def test_the_page_of_a_running_then_finished_sweep_in_a_real_browser(tmp_path, capsys):
     extra = (
-        "cluster: {array_parallelism: 1, env: {HPCRL_STEP_SLEEP_S: '0.4'}}\nsweep: {grid: {seed: [0, 1]}}\n"
+        "cluster: {array_parallelism: 1, env: {HPCRL_STEP_SLEEP_S: '0.5'}}\nsweep: {grid: {seed: [0, 1]}}\n"
     )
     template = write_grpo_template(tmp_path, "served", steps=6, eval_every=2, extra=extra)
     sweep = tmp_path / "sweep"
@@ -69,14 +69,16 @@ def test_the_page_of_a_running_then_finished_sweep_in_a_real_browser(tmp_path, c
         with headless_chromium() as driver:
             driver.get(served.url)
             assert driver.title == "hpcrl: served"
-            steps_seen: set[str] = set()
+            steps_seen: dict[int, set[str]] = {0: set(), 1: set()}
 
-            def step_advanced() -> bool:  # element 0 runs first (array_parallelism 1)
-                if (step := _text(driver, "step-0")) not in (None, "-"):
-                    steps_seen.add(step)
-                return len(steps_seen) >= 2
+            def step_advanced() -> bool:  # one element runs at a time (array_parallelism 1)
+                for index, seen in steps_seen.items():
+                    state, step = _text(driver, f"state-{index}"), _text(driver, f"step-{index}")
+                    if state == "RUNNING" and step not in (None, "-"):
+                        seen.add(step)
+                return any(len(seen) >= 2 for seen in steps_seen.values())
 
-            wait_until(step_advanced, 240, "element 0's step to advance on the page", poll_s=0.1)
+            wait_until(step_advanced, 240, "a running element's step to advance on the page", poll_s=0.1)
             finished = lambda: [_text(driver, f"state-{i}") for i in (0, 1)] == ["COMPLETED"] * 2  # noqa: E731
             wait_until(finished, 300, "both elements COMPLETED on the page")
             expected = []
