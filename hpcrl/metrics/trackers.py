@@ -87,17 +87,21 @@ class WandbTracker:
             resume="allow",
             settings=wandb.Settings(silent=True, console="off", save_code=False, x_disable_stats=True),
         )
+        self.last_step = wandb_log.last_step(self.root, self.id)
+        """The last step this W&B run holds (its transaction logs under the run dir, then what this attempt
+        sent): a step is sent once (a rerun of a completed run logs its final evaluation again)."""
 
     def log(self, record: dict[str, Any]) -> None:
-        self.run.log(scalars(record), step=int(record["step"]))
+        step = int(record["step"])
+        if step > self.last_step:
+            self.run.log(scalars(record), step=step)
+            self.last_step = step
 
     def catch_up(self, records: list[dict[str, Any]]) -> None:
-        """Send again the steps after the last one W&B wrote here (its transaction logs under the run dir,
-        hpcrl.metrics.wandb_log): wandb's service writes in order, so what a SIGKILL took is the tail."""
-        written = wandb_log.last_step(self.root, self.id)
+        """Send again the steps after the last one W&B wrote here (hpcrl.metrics.wandb_log): wandb's
+        service writes in order, so what a SIGKILL took is the tail."""
         for record in records:
-            if int(record["step"]) > written:
-                self.log(record)
+            self.log(record)
 
     def close(self, completed: bool) -> None:
         self.run.finish(exit_code=0 if completed else 1)

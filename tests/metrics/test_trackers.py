@@ -102,8 +102,11 @@ def test_wandb_sends_again_only_the_steps_it_had_not_written(tmp_path):
     second.catch_up(rows[:4])  # step 3 was never written
     second.log(rows[4])
     second.close(completed=True)
+    rerun = WandbTracker(WandbConfig(), run)  # a rerun of the completed run logs its last record again
+    rerun.log(rows[4])
+    rerun.close(completed=True)
     assert wandb_log.history(tmp_path) == rows and wandb_log.run_ids(tmp_path) == {"fp-2-cd"}
-    assert len(wandb_log.run_logs(tmp_path, "fp-2-cd")) == 2
+    assert len(wandb_log.run_logs(tmp_path, "fp-2-cd")) == 3
 
 
 @settings(max_examples=100, deadline=None)
