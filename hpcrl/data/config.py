@@ -15,8 +15,8 @@ class DataConfig:
     source: Literal["builtin", "jsonl", "parquet", "hf_disk"] = "builtin"
     """builtin = a generated task (see `task`); else read `path`."""
     task: str = "copy_digits"
-    """Built-in task name (copy_digits, reverse_digits, add_digits, even_digits, zero_digits, reverse_exact:
-    hpcrl.data.tasks)."""
+    """Built-in task name (copy_digits, reverse_digits, add_digits, even_digits, zero_digits, reverse_exact,
+    long_tail: hpcrl.data.tasks)."""
     path: str | None = None
     """Dataset file or directory for non-builtin sources."""
     prompt_key: str = "prompt"
@@ -24,7 +24,7 @@ class DataConfig:
     answer_key: str = "answer"
     """Field holding the reference answer (for rule-based rewards)."""
     num_digits: Annotated[int, Range(ge=1, le=1 << 10)] = 3
-    """Built-in tasks: digits per prompt."""
+    """Built-in tasks: digits per prompt (long_tail: the mean response length)."""
     train_size: Annotated[int, Range(ge=1, le=1 << 31)] = 2048
     """Built-in tasks: training prompts generated."""
     heldout_size: Annotated[int, Range(ge=0, le=1 << 31)] = 64

@@ -8,11 +8,15 @@ variable-length one: a prompt of 0..`num_digits` digits asks for one 0 per digit
 1..num_digits+1 tokens: the longest sample of a batch sets its generation time). `reverse_exact` is the
 reverse task with no partial credit: 1.0 for the whole reversed answer, else 0 - a random policy's
 samples of 4 digits all score 0 (16^-4 of them would not), so RL from scratch has no signal to start from
-and the model must first learn the task by SFT (tests/rl/test_sft_then_rl.py).
+and the model must first learn the task by SFT (tests/rl/test_sft_then_rl.py). `long_tail` has real
+lengths: a prompt `LL+DIGITS=` (4..48 tokens: 1..44 digits) asks for DIGITS repeated until LL (01..96)
+characters, LL drawn long-tailed (geometric with mean `num_digits`, cut to 1..96), so a batch mixes a few
+long responses among many short ones, as reasoning traces do (issue 25).
 """
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -51,6 +55,8 @@ class Task:
     def num_distinct(self, num_digits: int) -> int:
         if self.name == "zero_digits":  # every length 0..num_digits
             return sum(10**length for length in range(num_digits + 1))
+        if self.name == "long_tail":  # at least the 10^44 digit strings of the longest prompts
+            return 10**LONG_TAIL_MAX_DIGITS
         return 100**num_digits if self.name == "add_digits" else 10**num_digits
 
 
@@ -82,6 +88,28 @@ def _zeros(rng: random.Random, n: int) -> Example:
     return Example(f"{_digits(rng, length)}=", "0" * length)
 
 
+LONG_TAIL_MAX_RESPONSE = 96
+"""`long_tail`: the longest response asked for (tokens; rollout.max_new_tokens must reach it)."""
+LONG_TAIL_MAX_DIGITS = 44
+"""`long_tail`: the most prompt digits (a prompt of LL+ DIGITS =: 4..48 tokens)."""
+
+
+def long_tail_length(rng: random.Random, mean: float) -> int:
+    """A response length: geometric on 1, 2, ... with mean `mean` (P(k) = p(1-p)^(k-1), p = 1/mean), cut to
+    1..LONG_TAIL_MAX_RESPONSE (Knuth, TAOCP vol. 2, 3.4.1: k = ceil(ln U / ln(1-p)))."""
+    if mean <= 1:
+        return 1
+    u = 1.0 - rng.random()  # in (0, 1]
+    k = max(1, math.ceil(math.log(u) / math.log1p(-1.0 / mean)))
+    return min(k, LONG_TAIL_MAX_RESPONSE)
+
+
+def _long_tail(rng: random.Random, mean: int) -> Example:
+    length = long_tail_length(rng, mean)
+    digits = _digits(rng, rng.randint(1, LONG_TAIL_MAX_DIGITS))
+    return Example(f"{length:02d}+{digits}=", (digits * length)[:length])
+
+
 def exact_score(response: str, answer: str) -> float:
     """1.0 for exactly the answer, else 0."""
     return float(response == answer)
@@ -98,10 +126,26 @@ TASKS: dict[str, Task] = {
     "even_digits": Task("even_digits", "0123456789=", _even, _even_score),
     "zero_digits": Task("zero_digits", "0123456789=", _zeros, positional_score),
     "reverse_exact": Task("reverse_exact", "0123456789=", _reverse, exact_score),
+    "long_tail": Task("long_tail", "0123456789+=", _long_tail, positional_score),
 }
 
 ALPHABET = "0123456789+="
 """One alphabet for all built-in tasks, so a tokenizer (and a checkpoint) works for any of them."""
+
+
+LONG_TAIL_PROMPT_TOKENS = 2 + 1 + LONG_TAIL_MAX_DIGITS + 1 + 1
+"""The longest `long_tail` prompt in the built-in character tokenizer's tokens: LL, +, digits, =, BOS."""
+
+
+def builtin_task_problems(task: str, max_prompt_length: int) -> list[Problem]:
+    """What a built-in task needs of the data section, checked at expand (before, a long_tail run with the
+    default max_prompt_length failed on the ranks, at its first long prompt)."""
+    if task == "long_tail" and max_prompt_length < LONG_TAIL_PROMPT_TOKENS:
+        message = (
+            f"long_tail prompts have up to {LONG_TAIL_PROMPT_TOKENS} tokens (BOS included): at least that"
+        )
+        return [Problem(f"{max_prompt_length}: {message}", key="data.max_prompt_length")]
+    return []
 
 
 def get_task(name: str) -> Task:

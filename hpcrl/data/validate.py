@@ -16,7 +16,7 @@ from hpcrl.data.config import DataConfig
 from hpcrl.data.files import read_jsonl
 from hpcrl.data.preference import UnpairedRow, read_preference_jsonl
 from hpcrl.data.sources import read_examples, target_problems
-from hpcrl.data.tasks import Example
+from hpcrl.data.tasks import Example, builtin_task_problems
 from hpcrl.data.tokenizer import CHAT_VOCAB_SIZE
 from hpcrl.errors import ConfigError, Problem
 
@@ -44,7 +44,9 @@ def data_file_problems(
     """Problems of `data`'s file (none for built-in tasks or a path absent here). `preference`: read it
     as preference rows for that reader rather than prompt / answer / chat rows; `needs_answers`: every
     row must have something to learn (SFT)."""
-    if data.source == "builtin" or not data.path:
+    if data.source == "builtin":
+        return builtin_task_problems(data.task, data.max_prompt_length)
+    if not data.path:
         return []
     path = Path(data.path)
     try:

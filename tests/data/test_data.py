@@ -173,3 +173,37 @@ def test_zero_digits_prompts_have_every_length_and_one_zero_per_digit():
     lengths = {len(e.prompt) - 1 for e in train + heldout}
     assert lengths <= set(range(16)) and len(lengths) >= 12
     assert all(e.answer == "0" * (len(e.prompt) - 1) and e.prompt.endswith("=") for e in train + heldout)
+
+
+def test_long_tail_prompts_and_responses_have_real_lengths():
+    """long_tail (issue 25): prompts of 5..48 characters (+ BOS: <= LONG_TAIL_PROMPT_TOKENS), responses of
+    1..96 drawn geometric with mean num_digits: many short, a few long; the answer is the prompt's digits
+    repeated to the asked length, so the rule can score it."""
+    from hpcrl.data.tasks import LONG_TAIL_MAX_RESPONSE, LONG_TAIL_PROMPT_TOKENS
+
+    train, heldout = make_splits(get_task("long_tail"), 16, 4000, 64, seed=0)
+    lengths = [len(e.answer) for e in train]
+    assert min(lengths) == 1 and max(lengths) <= LONG_TAIL_MAX_RESPONSE
+    assert sum(lengths) / len(lengths) == pytest.approx(16, rel=0.1)  # the geometric's mean, barely cut
+    assert sum(n > 48 for n in lengths) >= 0.03 * len(lengths)  # a tail: e^(-48/16) ~ 5 % beyond 48
+    assert sorted(lengths)[len(lengths) // 2] <= 12  # and a median far below the mean's tail
+    for e in train + heldout:
+        asked, digits = e.prompt[:-1].split("+")
+        assert int(asked) == len(e.answer) and e.answer == (digits * 96)[: int(asked)]
+        assert 5 <= len(e.prompt) <= LONG_TAIL_PROMPT_TOKENS - 1 and e.prompt.endswith("=")
+    assert make_splits(get_task("long_tail"), 16, 50, 8, seed=3) == make_splits(
+        get_task("long_tail"), 16, 50, 8, seed=3
+    )
+    assert TASKS["long_tail"].score(train[0].answer, train[0].answer) == 1.0
+
+
+def test_long_tail_with_prompts_cut_short_is_refused_at_expand(capsys):
+    from pathlib import Path
+
+    from hpcrl.cli import main
+
+    template = Path(__file__).resolve().parents[2] / "templates" / "grpo_long_tail.yaml"
+    assert main(["expand", str(template)]) == 0
+    code = main(["expand", str(template), "--data.max_prompt_length", "32"])
+    err = capsys.readouterr().err
+    assert code == 2 and "data.max_prompt_length: 32: long_tail prompts have up to 49 tokens" in err, err
