@@ -382,9 +382,17 @@ def refresh(manifest: Manifest, notes: list[str] | None = None, *, save: bool = 
             if seen.state == "LOST" and e.state in FINAL:
                 continue
             e.state, e.reason = _known(seen)
+            if e.state == "TIMEOUT" and launcher_record(e.run_dir).get("state") == "COMPLETED":
+                e.state, e.reason = "COMPLETED", COMPLETED_AT_THE_LIMIT
     if save:
         manifest.save()
     return manifest
+
+
+COMPLETED_AT_THE_LIMIT = "the run completed; Slurm's time limit came while its processes were exiting"
+"""The reason shown for an element Slurm ended as TIMEOUT after its rank 0 recorded COMPLETED (every
+step, the final evaluation and the export done: launcher.json): a last attempt that had little to do
+but started late on a loaded node. Shown as COMPLETED: `resume` must not rerun a finished run."""
 
 
 def _known(seen: slurm.Observed) -> tuple[str, str | None]:

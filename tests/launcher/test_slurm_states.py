@@ -138,3 +138,38 @@ def test_times_are_asked_for_in_iso_form_whatever_the_users_time_format(tmp_path
     monkeypatch.setenv("SLURM_TIME_FORMAT", "relative")
     states, _ = slurm.element_states(Path(tmp_path), ["5002"])
     assert states["5002"].state == "COMPLETED"
+
+
+@pytest.mark.parametrize(
+    ("recorded", "shown"), [("COMPLETED", "COMPLETED"), ("RUNNING", "TIMEOUT"), (None, "TIMEOUT")]
+)
+def test_a_run_that_completed_before_the_time_limit_ended_its_exit_is_completed(
+    tmp_path, monkeypatch, capsys, recorded, shown
+):
+    """The clean-clone run of d09a988: the requeue test's last attempt resumed at the last step, did the
+    final evaluation and the export (launcher.json COMPLETED), and Slurm's time limit came while its
+    processes were exiting: sacct said TIMEOUT, `hpcrl status` showed it, and `resume` would rerun it.
+    An attempt that had not completed (RUNNING, or no record) stays TIMEOUT."""
+    import json
+
+    from hpcrl.launcher import sweeps
+    from hpcrl.launcher.sweep_manifest import load_manifest
+    from tests.cli_runs import run_cli
+    from tests.templates import write_grpo_template
+
+    template = write_grpo_template(
+        tmp_path, "limit", steps=2, eval_every=0, extra="cluster: {profile: local-dev}\n"
+    )
+    sweep = tmp_path / "sweep"
+    assert run_cli(capsys, "submit", template, "--dry-run", "--sweep_dir", sweep)[0] == 0
+    data = json.loads((sweep / "manifest.json").read_text())
+    data["entries"][0] |= {"job_id": "7", "state": "RUNNING"}
+    (sweep / "manifest.json").write_text(json.dumps(data))
+    run_dir = Path(data["entries"][0]["run_dir"])
+    run_dir.mkdir(parents=True)
+    if recorded:
+        (run_dir / "launcher.json").write_text(json.dumps({"state": recorded}))
+    fake_cluster(monkeypatch, "7|TIMEOUT|None|0:15|2026-12-02T03:01:00|2026-12-02T03:01:06\n")
+    [entry] = sweeps.refresh(load_manifest(sweep)).entries
+    assert entry.state == shown
+    assert (entry.reason == sweeps.COMPLETED_AT_THE_LIMIT) == (shown == "COMPLETED")
