@@ -65,7 +65,8 @@ def preference_setup(cfg: ExperimentConfig) -> PreferenceSetup:
     p = cfg.parallel
     groups = build_train_groups(p.tensor, p.pipeline, p.data, timeout_s=p.timeout_s)
     policy = build_policy_trainer(cfg.model, cfg.optim, groups)
-    reference = build_policy_trainer(cfg.model, None, groups)  # same init (or HF weights), frozen
+    # same init (or HF weights), frozen; it runs the policy's batches as the policy does
+    reference = build_policy_trainer(cfg.model, None, groups, pack_sequences=cfg.optim.pack_sequences)
     context = policy.model_cfg.max_position_embeddings
 
     def rows(prompts: list[str], responses: list[str]) -> TrainBatch:

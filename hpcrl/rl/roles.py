@@ -50,8 +50,13 @@ def build_model_roles(
     calls in this order (new process groups are collective)."""
     member = groups is not None
     roles = ModelRoles()
+    packed = cfg.optim.pack_sequences  # the frozen models run the actor's batches as it does
     if cfg.algorithm.kl_coef > 0:
-        trainer = build_policy_trainer(cfg.model, None, groups, temperature=temperature) if member else None
+        trainer = (
+            build_policy_trainer(cfg.model, None, groups, temperature=temperature, pack_sequences=packed)
+            if member
+            else None
+        )
         roles.reference = worker(trainer)
     if ALGORITHMS[cfg.algorithm.name].needs_critic:
         roles.critic = worker(build_value_trainer(cfg.model, cfg.optim, groups) if member else None)
@@ -59,9 +64,11 @@ def build_model_roles(
         its_groups = own_groups(frozen) if frozen.own_layout(cfg) else groups
         trainer = None
         if its_groups is not None and frozen.scalar_head:
-            trainer = build_reward_trainer(frozen.model, None, its_groups)
+            trainer = build_reward_trainer(frozen.model, None, its_groups, pack_sequences=packed)
         elif its_groups is not None:
-            trainer = build_policy_trainer(frozen.model, None, its_groups, temperature=temperature)
+            trainer = build_policy_trainer(
+                frozen.model, None, its_groups, temperature=temperature, pack_sequences=packed
+            )
         setattr(roles, frozen.role, worker(_same_vocabulary(trainer, cfg, frozen.path_key, frozen.who)))
     return roles
 

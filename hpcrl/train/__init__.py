@@ -10,6 +10,7 @@
 | logprobs.py         | vocab-parallel log-probs/entropy, PolicyHead / ValueHead (token alignment)      |
 | batch.py            | TrainBatch: ids, masks, extras, global normalisation counts                     |
 | token_budget.py     | micro-batches by token budget (first-fit decreasing), DP ranks balanced by tokens |
+| packing.py          | packed rows: several sequences per row, block-diagonal causal mask, unpack to [B, T] |
 | pipeline.py         | one micro-batch through the pipeline stages (p2p), forward and backward         |
 | optimizer.py        | AdamW; fp32 master weights + fp32 grads/states for bf16/fp16 params (Micikevicius 2018 §3.1) |
 | update.py           | UpdateStep protocol (owner of the parameters' storage) and the backend choice  |

@@ -20,8 +20,8 @@ class TrainBatch:
 
     Positions: megatron's RoPE always uses positions 0..T-1 and ignores position_ids (docs/FACTS.md). Left
     padding is still exact (RoPE depends on relative positions only), so `position_ids_BT`, when given,
-    is only checked: each row's positions on real tokens must be consecutive. Packed sequences (positions
-    restarting inside a row) are rejected, since megatron's local attention cannot mask them.
+    is only checked: each row's positions on real tokens must be consecutive. Rows hold one sequence
+    each; the trainer packs them itself when asked (hpcrl.train.packing).
     """
 
     input_ids_BT: torch.Tensor
@@ -68,7 +68,7 @@ class TrainBatch:
             if bool((both & (steps != 1)).any()):
                 raise ValueError(
                     "position_ids_BT: positions of real tokens must be consecutive in each row "
-                    "(packed sequences are not supported by megatron's local attention)"
+                    "(one sequence per row: the trainer packs rows itself, optim.pack_sequences)"
                 )
 
     def token_mean(self, x_BT: torch.Tensor) -> torch.Tensor:
@@ -117,6 +117,10 @@ class TrainBatch:
         real_BT = self.attention_mask_BT.bool()
         columns_T = torch.arange(1, real_BT.shape[1] + 1)
         return (real_BT * columns_T).amax(dim=1).clamp(min=1).tolist()
+
+    def row_lengths(self) -> list[int]:
+        """Each row's real tokens (what it computes when packed, hpcrl.train.packing)."""
+        return self.attention_mask_BT.bool().sum(dim=1).tolist()
 
     def select(self, index_B: torch.Tensor) -> TrainBatch:
         """Rows `index_B` (global counts kept)."""

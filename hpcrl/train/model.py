@@ -18,7 +18,7 @@ itself (`sync_tied_embedding`), and the trainer all-reduces the two copies' grad
 Public: `TrainGroups`, `build_train_groups`, `transformer_config`, `build_gpt_model`, `build_model_from_hf`,
 `load_full_state_dict`, `gather_full_state_dict`, `global_param_name`, `named_global_params`,
 `is_tied`, `attention_mask_for_megatron`,
-`forward_logits`, `ScalarHead`.
+`forward_logits`, `forward_masked`, `ScalarHead`.
 
 Shapes: B batch, T tokens, V vocabulary (V/t per TP rank), H hidden.
 """
@@ -500,14 +500,19 @@ def attention_mask_for_megatron(attention_mask_BT: torch.Tensor) -> torch.Tensor
 
 
 def forward_logits(model, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor, hidden_in=None):
-    """One GPTModel forward. First stage: from token ids; later stages: from `hidden_in` [T, B, H]
-    (set as the stage input). Returns logits [B, T, V/t] (vocab shard) on the last stage, the hidden
-    states [T, B, H] to send on other stages. Positions are 0..T-1 (megatron's RoPE ignores position_ids;
-    left padding keeps relative positions, so it matches HF).
+    """One GPTModel forward of padded rows. First stage: from token ids; later stages: from `hidden_in`
+    [T, B, H] (set as the stage input). Returns logits [B, T, V/t] (vocab shard) on the last stage, the
+    hidden states [T, B, H] to send on other stages. Positions are 0..T-1 (megatron's RoPE ignores
+    position_ids; left padding keeps relative positions, so it matches HF).
     """
+    return forward_masked(model, input_ids_BT, attention_mask_for_megatron(attention_mask_BT), hidden_in)
+
+
+def forward_masked(model, input_ids_BT: torch.Tensor, mask_B1TT: torch.Tensor, hidden_in=None):
+    """`forward_logits` with megatron's own boolean mask [B, 1, T, T] (True = masked out), e.g. the
+    block-diagonal one of packed rows (hpcrl.train.packing)."""
     if hidden_in is not None:
         model.set_input_tensor(hidden_in)
     B, T = input_ids_BT.shape
     position_ids_BT = torch.arange(T, device=input_ids_BT.device).expand(B, T)
-    mask = attention_mask_for_megatron(attention_mask_BT)
-    return model(input_ids_BT, position_ids_BT, mask)
+    return model(input_ids_BT, position_ids_BT, mask_B1TT)

@@ -34,6 +34,27 @@ def pack_by_tokens(widths: Sequence[int], budget: int) -> list[list[int]]:
     return sorted((sorted(rows) for rows in bins), key=lambda rows: rows[0])
 
 
+def fill_rows(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """Sequence indices per packed row (each ascending, rows by their first sequence): first-fit
+    decreasing by length into rows of `capacity` tokens (each sequence, longest first, into the first row
+    with room, else a new row), at most 11/9 OPT + 6/9 rows (Dósa 2007). A sequence longer than
+    `capacity` is an error (the caller sizes the rows)."""
+    if any(length > capacity for length in lengths):
+        raise ValueError(f"a sequence of {max(lengths)} tokens does not fit a row of {capacity}")
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        for r, free in enumerate(room):
+            if lengths[i] <= free:
+                rows[r].append(i)
+                room[r] -= lengths[i]
+                break
+        else:
+            rows.append([i])
+            room.append(capacity - lengths[i])
+    return sorted((sorted(row) for row in rows), key=lambda row: row[0])
+
+
 def computed_tokens(widths: Sequence[int], bins: list[list[int]]) -> int:
     """Tokens the micro-batches compute: sum of rows x width (the padding included)."""
     return sum(len(rows) * max(widths[i] for i in rows) for rows in bins)

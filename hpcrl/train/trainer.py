@@ -48,6 +48,7 @@ from hpcrl.train.model import (
     build_model_from_hf,
     gather_full_state_dict,
 )
+from hpcrl.train.packing import PackedRows, packed_micro_batches
 from hpcrl.train.pipeline import LossFn, run_micro_batch
 from hpcrl.train.update import UpdateStep, build_update
 
@@ -66,12 +67,16 @@ class Trainer:
         *,
         optim_cfg: OptimizerConfig | None,
         lr: float | None = None,
+        pack_sequences: bool | None = None,
     ):
         self.model, self.model_cfg, self.groups, self.head = model, model_cfg, groups, head
         self.optim_cfg = optim_cfg
         # a reference model has no optimizer section: OptimizerConfig still owns the micro-batch default
-        self.micro_batch_size = (optim_cfg or OptimizerConfig()).micro_batch_size
-        self.max_tokens_per_micro_batch = (optim_cfg or OptimizerConfig()).max_tokens_per_micro_batch
+        micro_batching = optim_cfg or OptimizerConfig()
+        self.micro_batch_size = micro_batching.micro_batch_size
+        self.max_tokens_per_micro_batch = micro_batching.max_tokens_per_micro_batch
+        self.pack_sequences = micro_batching.pack_sequences if pack_sequences is None else pack_sequences
+        """Run micro-batches as packed rows (hpcrl.train.packing); a frozen model takes the actor's choice."""
         self.update_step: UpdateStep | None = None  # None for a reference model
         if optim_cfg is not None:
             lr = lr if lr is not None else optim_cfg.lr
@@ -103,12 +108,41 @@ class Trainer:
         self.model.eval()
         batch = batch.to(self._device)
         parts: list[HeadOutputs] = []
-        for mb in batch.micro_batches(micro_batch_size or self.micro_batch_size):
-            outputs, _, _ = self._run_micro_batch(mb)
+        order = []
+        for index, mb, packed in self._micro_batches(batch, micro_batch_size or self.micro_batch_size, False):
+            outputs, _, _ = self._run_micro_batch(mb, packed=packed)
             parts.append(outputs)
-        return self._broadcast_from_last_stage(parts, batch.input_ids_BT.shape)
+            order.append(index)
+        return self._broadcast_from_last_stage(parts, batch.input_ids_BT.shape, torch.cat(order))
 
-    def _run_micro_batch(self, mb: TrainBatch, loss_fn: LossFn | None = None, loss_scale: float = 1.0):
+    def _micro_batches(
+        self, batch: TrainBatch, micro_batch_size: int, by_budget: bool
+    ) -> list[tuple[torch.Tensor | None, TrainBatch, PackedRows | None]]:
+        """(row indices, micro-batch, packed layout or None) in running order: packed rows
+        (hpcrl.train.packing), else by token budget (`by_budget`, hpcrl.train.token_budget; row indices
+        None: an update does not need them) or micro_batch_size rows."""
+        budget = self.max_tokens_per_micro_batch
+        if self.pack_sequences:
+            cut = packed_micro_batches(
+                batch.attention_mask_BT.cpu(), micro_batch_size=micro_batch_size, max_tokens=budget
+            )
+            return [
+                (index, batch.select(index.to(self._device)), packed.to(self._device))
+                for index, packed in cut
+            ]
+        if by_budget and budget:  # the same gradient for any cut (hpcrl.train.token_budget)
+            return [(None, mb, None) for mb in batch.token_micro_batches(budget)]
+        starts = range(0, len(batch), micro_batch_size)
+        micro_batches = batch.micro_batches(micro_batch_size)
+        return [(torch.arange(s, s + len(mb)), mb, None) for s, mb in zip(starts, micro_batches, strict=True)]
+
+    def _run_micro_batch(
+        self,
+        mb: TrainBatch,
+        loss_fn: LossFn | None = None,
+        loss_scale: float = 1.0,
+        packed: PackedRows | None = None,
+    ):
         """One micro-batch through this rank's pipeline stage (forward; backward too when `loss_fn`)."""
         return run_micro_batch(
             self.model,
@@ -119,12 +153,20 @@ class Trainer:
             dtype=self._dtype,
             loss_fn=loss_fn,
             loss_scale=loss_scale,
+            packed=packed,
         )
 
-    def _broadcast_from_last_stage(self, parts: list[HeadOutputs | None], shape_BT) -> HeadOutputs:
+    def _broadcast_from_last_stage(
+        self, parts: list[HeadOutputs | None], shape_BT, order: torch.Tensor
+    ) -> HeadOutputs:
+        """The head outputs of every micro-batch, rows back in the batch's order (`order`: the batch row
+        of each output row), on every stage."""
         keys = self.head.keys
         if self.groups.is_last_stage:
-            merged = {k: torch.cat([getattr(p, k) for p in parts]).float().contiguous() for k in keys}
+            inverse = torch.argsort(order.to(self._device))
+            merged = {
+                k: torch.cat([getattr(p, k) for p in parts])[inverse].float().contiguous() for k in keys
+            }
         else:
             merged = {k: torch.empty(shape_BT, dtype=torch.float32, device=self._device) for k in keys}
         if self.groups.pipeline > 1:
@@ -147,15 +189,15 @@ class Trainer:
         self._set_global_counts(batch)
         step = self.update_step
         step.zero_grads()
-        if self.max_tokens_per_micro_batch:  # the same gradient for any cut (hpcrl.train.token_budget)
-            micro_batches = batch.token_micro_batches(self.max_tokens_per_micro_batch)
-        else:
-            micro_batches = batch.micro_batches(micro_batch_size or self.micro_batch_size)
+        micro_batches = self._micro_batches(batch, micro_batch_size or self.micro_batch_size, True)
         losses, metric_sums = [], {}
-        for index, mb in enumerate(micro_batches):
-            with step.accumulating(last=index == len(micro_batches) - 1):
-                _, loss, metrics = self._run_micro_batch(mb, loss_fn, loss_scale=step.loss_scale())
+        computed = real = 0
+        for position, (_, mb, packed) in enumerate(micro_batches):
+            with step.accumulating(last=position == len(micro_batches) - 1):
+                _, loss, metrics = self._run_micro_batch(mb, loss_fn, step.loss_scale(), packed)
             step.after_micro_batch()
+            computed += packed.computed_tokens if packed else mb.input_ids_BT.numel()
+            real += packed.real_tokens if packed else int(mb.attention_mask_BT.bool().sum())
             if loss is not None:
                 losses.append(float(loss.detach()))
                 for k, v in metrics.items():
@@ -164,7 +206,12 @@ class Trainer:
         if not stepped:
             log.warning("non-finite gradient norm (%s): optimizer step skipped, weights unchanged", norm)
         result = {"loss": sum(losses), **{k: v / len(micro_batches) for k, v in metric_sums.items()}}
+        result |= {
+            "computed_tokens": float(computed),
+            "real_tokens": float(real),
+        }  # DP means: the ratio holds
         result = self._reduce_metrics(result)
+        result["padding_fraction"] = 1.0 - result["real_tokens"] / max(result["computed_tokens"], 1.0)
         result["grad_norm"] = norm
         result["update_skipped_nonfinite"] = 0.0 if stepped else 1.0
         return result
@@ -240,8 +287,8 @@ def _from_hf(cfg: ModelConfig, groups: TrainGroups, *, value_head: bool = False)
     return build_model_from_hf(cfg.hf_path, groups, value_head=value_head, **_kept_fields(cfg))
 
 
-def _build(model, cfg, groups, head, optim_cfg, lr):
-    return Trainer(model, cfg, groups, head, optim_cfg=optim_cfg, lr=lr)
+def _build(model, cfg, groups, head, optim_cfg, lr, pack_sequences=None):
+    return Trainer(model, cfg, groups, head, optim_cfg=optim_cfg, lr=lr, pack_sequences=pack_sequences)
 
 
 def build_policy_trainer(
@@ -251,10 +298,11 @@ def build_policy_trainer(
     *,
     temperature: float = 1.0,
     greedy: bool = False,
+    pack_sequences: bool | None = None,
 ) -> Trainer:
     """Actor (with optimizer) or reference (optim_cfg=None): log-probs and entropy from the LM head (with
     `greedy`, whether each token is the argmax too). Loads `model_cfg.hf_path` when set, else random init
-    from `model_cfg.init_seed`."""
+    from `model_cfg.init_seed`. `pack_sequences` None: optim_cfg's (off without one)."""
     if model_cfg.hf_path:
         model, model_cfg = _from_hf(model_cfg, groups)
     else:
@@ -266,6 +314,7 @@ def build_policy_trainer(
         PolicyHead(groups.tp, groups.tp_rank, temperature, greedy=greedy),
         optim_cfg,
         None,
+        pack_sequences,
     )
 
 
@@ -275,10 +324,16 @@ def build_value_trainer(model_cfg: ModelConfig, optim_cfg: OptimizerConfig, grou
     return _build(*_scalar_model(model_cfg, groups), groups, ValueHead(), optim_cfg, lr)
 
 
-def build_reward_trainer(model_cfg: ModelConfig, optim_cfg: OptimizerConfig, groups: TrainGroups) -> Trainer:
+def build_reward_trainer(
+    model_cfg: ModelConfig,
+    optim_cfg: OptimizerConfig | None,
+    groups: TrainGroups,
+    *,
+    pack_sequences: bool | None = None,
+) -> Trainer:
     """Reward model: the critic's trunk and ScalarHead (the head fresh, the trunk from `model.hf_path`,
     e.g. the SFT model, when set), scoring each prefix (ScoreHead); lr = optim_cfg.lr."""
-    return _build(*_scalar_model(model_cfg, groups), groups, ScoreHead(), optim_cfg, None)
+    return _build(*_scalar_model(model_cfg, groups), groups, ScoreHead(), optim_cfg, None, pack_sequences)
 
 
 def _scalar_model(model_cfg: ModelConfig, groups: TrainGroups):

@@ -143,7 +143,11 @@ class TrainerWorker:
         """Every DP rank's rows when balancing by tokens (the same on every rank), else None."""
         if not self.balance_tokens or self.shards.size == 1:
             return None
-        return balance_over_ranks(batch.row_widths(), self.shards.size)
+        return balance_over_ranks(self._row_tokens(batch), self.shards.size)
+
+    def _row_tokens(self, batch: TrainBatch) -> list[int]:
+        """What each row costs its DP rank: its real tokens when the trainer packs, else its width."""
+        return batch.row_lengths() if self.trainer.pack_sequences else batch.row_widths()
 
     def _local(self, batch: TrainBatch, parts: list[list[int]] | None) -> TrainBatch:
         """This DP rank's rows: its part of `parts` (balanced), else its contiguous share."""
@@ -173,7 +177,7 @@ class TrainerWorker:
             parts = self._partition(batch)
             stats = self.trainer.update(self._local(batch, parts), loss_fn, self.micro_batch_size)
             if parts is not None:
-                stats["dp/token_imbalance"] = imbalance(batch.row_widths(), parts)
+                stats["dp/token_imbalance"] = imbalance(self._row_tokens(batch), parts)
         return Pending(stats, self._share)
 
     def forward(self, batch: TrainBatch) -> HeadOutputs:

@@ -29,7 +29,7 @@ def test_bad_batches_are_rejected_naming_the_field():
             extras={"returns_BT": torch.zeros(3, 4)},
         )
     packed = torch.tensor([[0, 1, 0, 1], [0, 1, 2, 3]])
-    with pytest.raises(ValueError, match="packed sequences"):
+    with pytest.raises(ValueError, match="one sequence per row: the trainer packs rows itself"):
         TrainBatch(input_ids_BT=ids, attention_mask_BT=ones, response_mask_BT=ones, position_ids_BT=packed)
     with pytest.raises(ValueError, match="not set"):
         TrainBatch(input_ids_BT=ids, attention_mask_BT=ones, response_mask_BT=ones).token_mean(ones.float())

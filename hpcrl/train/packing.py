@@ -1,0 +1,156 @@
+"""Packed sequences (`optim.pack_sequences`; verl's `use_remove_padding`, OpenRLHF's `packing_samples`):
+the training forward runs several sequences back to back in each row instead of one padded sequence
+per row, so it computes (almost) only real tokens.
+
+Layout. A padded micro-batch [B, T] (each row's real tokens contiguous: a left-padded prompt, the
+response, right padding) becomes R rows of W columns: every row holds whole sequences, placed by
+first-fit decreasing (hpcrl.train.token_budget.fill_rows), the rest of the row padding.
+
+Attention is block-diagonal causal: query q sees key k iff both are in the same sequence and k <= q
+(the mask megatron's local attention takes, True = masked out); a padding position sees itself only,
+which keeps its softmax finite; its output is dropped.
+
+Positions. Megatron's RoPE gives column j the angle j*theta whatever position_ids say (docs/FACTS.md).
+A sequence starting at column o thus gets (o+i)*theta, and RoPE's attention score depends on the angle
+difference (o+i)*theta - (o+k)*theta = (i-k)*theta only (Su et al. 2021, RoFormer §3.4.2), so each
+sequence sees exactly what it sees alone, as a left-padded row already does.
+
+Outputs. The head runs on the packed rows (the [R, W, V] logits are the big tensors), then `unpack`
+gathers its [R, W] outputs back to [B, T], so every loss reads the padded micro-batch as before and
+every `loss_agg` is unchanged. Token t's log-prob comes from the output at its sequence's column t-1; a
+sequence's first token reads the previous sequence's last output, as a left-padded row's first token
+reads a pad's: no loss reads it (a response never starts a sequence), `unpack` zeroes padding.
+
+GPU: megatron's THD format (PackedSeqParams with cu_seqlens) needs Transformer Engine's attention, which
+hpcrl's local layer spec does not build; the dense block mask here runs on either device.
+
+Public: `PackedRows`, `packed_micro_batches`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from hpcrl.train.token_budget import fill_rows
+
+
+@dataclass(frozen=True)
+class PackedRows:
+    """Where each real token of a padded [B, T] batch sits in R packed rows of W columns."""
+
+    source_BT: torch.Tensor
+    """int64 [B, T]: the flat index (r * W + column) of token (b, t) in the packed rows; -1 on padding."""
+    sequence_RW: torch.Tensor
+    """int64 [R, W]: which of the B sequences each packed column holds; -1 on padding."""
+
+    @classmethod
+    def of(
+        cls, attention_mask_BT: torch.Tensor, rows: list[list[int]] | None = None, width: int | None = None
+    ) -> PackedRows:
+        """Pack `attention_mask_BT`'s sequences into `rows` (sequence indices per row, in order; default
+        first-fit decreasing) of `width` columns (default the longest sequence)."""
+        keep_BT = attention_mask_BT.bool()
+        lengths = keep_BT.sum(dim=1).tolist()
+        starts = keep_BT.long().argmax(dim=1).tolist()
+        _check_contiguous(keep_BT, lengths, starts)
+        width = width or max(max(lengths), 1)
+        rows = rows if rows is not None else fill_rows(lengths, width)
+        B, T = keep_BT.shape
+        source_BT = torch.full((B, T), -1, dtype=torch.long)
+        sequence_RW = torch.full((len(rows), width), -1, dtype=torch.long)
+        for r, row in enumerate(rows):
+            column = 0
+            for b in row:
+                n = lengths[b]
+                if column + n > width:
+                    raise ValueError(f"row {r} holds {column + n} tokens, more than its {width} columns")
+                source_BT[b, starts[b] : starts[b] + n] = torch.arange(
+                    r * width + column, r * width + column + n
+                )
+                sequence_RW[r, column : column + n] = b
+                column += n
+        placed = [b for row in rows for b in row]
+        if len(placed) != len(set(placed)) or not {b for b in range(B) if lengths[b]} <= set(placed):
+            raise ValueError("the rows must hold every non-empty sequence exactly once")
+        device = attention_mask_BT.device
+        return cls(source_BT.to(device), sequence_RW.to(device))
+
+    def to(self, device: torch.device) -> PackedRows:
+        return PackedRows(self.source_BT.to(device), self.sequence_RW.to(device))
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(R, W)."""
+        return tuple(self.sequence_RW.shape)
+
+    @property
+    def computed_tokens(self) -> int:
+        return self.sequence_RW.numel()
+
+    @property
+    def real_tokens(self) -> int:
+        return int((self.sequence_RW >= 0).sum())
+
+    def pack(self, x_BT: torch.Tensor, fill: int | float = 0) -> torch.Tensor:
+        """[B, T, ...] -> [R, W, ...] (padding = `fill`)."""
+        real_BT = self.source_BT >= 0
+        out = x_BT.new_full((self.computed_tokens, *x_BT.shape[2:]), fill)
+        out[self.source_BT[real_BT]] = x_BT[real_BT]
+        return out.reshape(*self.shape, *x_BT.shape[2:])
+
+    def unpack(self, x_RW: torch.Tensor) -> torch.Tensor:
+        """[R, W, ...] -> [B, T, ...] (0 on padding); differentiable (a gather)."""
+        flat = x_RW.reshape(self.computed_tokens, *x_RW.shape[2:])
+        real_BT = self.source_BT >= 0
+        gathered = flat[self.source_BT.clamp(min=0)]
+        mask = real_BT.reshape(*real_BT.shape, *([1] * (gathered.dim() - 2)))
+        return torch.where(mask, gathered, torch.zeros((), dtype=gathered.dtype, device=gathered.device))
+
+    def attention_mask(self) -> torch.Tensor:
+        """Megatron's boolean [R, 1, W, W], True = masked out: block-diagonal causal, padding sees itself."""
+        seq_RW = self.sequence_RW
+        W = seq_RW.shape[1]
+        causal_WW = torch.ones(W, W, dtype=torch.bool, device=seq_RW.device).tril()
+        same_RWW = (seq_RW[:, :, None] == seq_RW[:, None, :]) & (seq_RW[:, :, None] >= 0)
+        itself_WW = torch.eye(W, dtype=torch.bool, device=seq_RW.device)
+        return ~((same_RWW & causal_WW) | itself_WW)[:, None]
+
+
+def _check_contiguous(keep_BT: torch.Tensor, lengths: list[int], starts: list[int]) -> None:
+    for b, (n, start) in enumerate(zip(lengths, starts, strict=True)):
+        if n and not bool(keep_BT[b, start : start + n].all()):
+            raise ValueError(f"row {b}: its real tokens are not contiguous, so it cannot be packed")
+
+
+def packed_micro_batches(
+    attention_mask_BT: torch.Tensor, *, micro_batch_size: int, max_tokens: int | None
+) -> list[tuple[torch.Tensor, PackedRows]]:
+    """(row indices, packed layout of those rows) per micro-batch of a DP rank's batch.
+
+    Without a token budget: micro_batch_size consecutive sequences each, packed into rows as wide as
+    their longest. With `max_tokens`: every sequence into rows as wide as the longest sequence W, then
+    max_tokens // W rows per micro-batch, so each computes at most max_tokens tokens (the config rule
+    keeps W <= max_tokens)."""
+    B = attention_mask_BT.shape[0]
+    if max_tokens is None:
+        out = []
+        for start in range(0, B, micro_batch_size):
+            index = torch.arange(start, min(start + micro_batch_size, B))
+            out.append((index, PackedRows.of(attention_mask_BT[index])))
+        return out
+    lengths = attention_mask_BT.bool().sum(dim=1).tolist()
+    width = max(max(lengths), 1)
+    rows = fill_rows(lengths, width)
+    per_micro_batch = max(1, max_tokens // width)
+    out = []
+    for first in range(0, len(rows), per_micro_batch):
+        group = rows[first : first + per_micro_batch]
+        index = sorted(b for row in group for b in row)
+        local = {b: i for i, b in enumerate(index)}
+        layout = PackedRows.of(
+            attention_mask_BT[index], [[local[b] for b in row] for row in group], width=width
+        )
+        out.append((torch.tensor(index, dtype=torch.long), layout))
+    return out
