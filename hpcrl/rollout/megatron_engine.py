@@ -16,7 +16,8 @@ One decode step: stage s receives hidden states [S, B, H] from s-1 (nothing on t
 layers (KV cache of its own layers), sends to s+1; the last stage's vocab shards [B, V/t_g] are
 all-gathered over the generation TP group (megatron's runtime_gather_output), TP rank 0 samples, and the tokens and their log-probs are
 broadcast to the whole generation replica (t_g·p_g ranks), so every rank of a replica returns the same
-output. Prefill masks left padding and the causal future; decode masks the padded keys only.
+output. Prefill masks left padding and the causal future; decode masks the padded keys only. A row that
+sampled EOS leaves the decode batch and its KV-cache slots (`drop_finished_rows`).
 
 Log-probs contract (as the HF and vLLM engines): log softmax(logits / temperature) of each sampled token
 (greedy: temperature 1), without top-k/top-p truncation; 0 on padding.
@@ -95,18 +96,30 @@ class MegatronRolloutEngine:
     """RolloutEngine over a megatron-core GPTModel at the generation layout (one per rank, SPMD)."""
 
     def __init__(
-        self, model: torch.nn.Module, cfg: ModelConfig, groups: TrainGroups, pad_id: int, eos_id: int
+        self,
+        model: torch.nn.Module,
+        cfg: ModelConfig,
+        groups: TrainGroups,
+        pad_id: int,
+        eos_id: int,
+        *,
+        drop_finished_rows: bool = True,
     ):
         self.model, self.cfg, self.groups = model.eval(), cfg, groups
         self.pad_id, self.eos_id = pad_id, eos_id
+        self.drop_finished_rows = drop_finished_rows
+        """Finished rows leave the decode batch (False: every row decodes until the last one is done, the
+        static batch benchmarks/lengths.py measures against)."""
         sample = next(model.parameters())
         self.device, self.dtype = sample.device, sample.dtype
 
     @classmethod
-    def build(cls, cfg: ModelConfig, groups: TrainGroups, pad_id: int, eos_id: int) -> MegatronRolloutEngine:
+    def build(
+        cls, cfg: ModelConfig, groups: TrainGroups, pad_id: int, eos_id: int, **kwargs
+    ) -> MegatronRolloutEngine:
         """A model of memory only (no random init): weights arrive by `bind`-ing the generation store or
         by `load_weights` before the first `generate`."""
-        return cls(build_gpt_model(cfg, groups, initialize=False), cfg, groups, pad_id, eos_id)
+        return cls(build_gpt_model(cfg, groups, initialize=False), cfg, groups, pad_id, eos_id, **kwargs)
 
     def sleep(self) -> None:
         """Nothing here: its weights are views of the generation store, which the hand-off puts to sleep
@@ -144,7 +157,12 @@ class MegatronRolloutEngine:
         sampling: SamplingParams,
         seeds: Sequence[int] | None = None,
     ) -> GenerationOutput:
-        """`seeds` (one per prompt): layout-independent sampling (`sample_tokens`); None: process RNG."""
+        """`seeds` (one per prompt): layout-independent sampling (`sample_tokens`); None: process RNG.
+
+        A row that samples EOS leaves the decode batch (`drop_finished_rows`): its KV-cache slots are
+        given up (`_keep_cache_rows`), so each later step computes only the rows still generating and a
+        long-tailed batch costs its total tokens, not rows x its longest response. With seeds, every row's
+        samples are the ones it draws in the full batch (its noise depends on (seed, position) only)."""
         from megatron.core.inference.contexts import StaticInferenceContext
 
         input_ids_BP, keep_BP = left_pad(prompt_ids, self.pad_id)
@@ -155,20 +173,27 @@ class MegatronRolloutEngine:
         keep_BS[:, :P] = keep_BP.bool()
         tokens_BT = torch.full((B, T), self.pad_id, dtype=torch.long)
         logprobs_BT = torch.zeros(B, T)
-        done_B = torch.zeros(B, dtype=torch.bool)
         seeds_B = None if seeds is None else torch.tensor(list(seeds), dtype=torch.long)
-        ids_BS = input_ids_BP.to(self.device)
+        active_A = torch.arange(B)  # the batch rows still generating, in KV-cache order
+        done_A = torch.zeros(B, dtype=torch.bool)
+        ids_AS = input_ids_BP.to(self.device)
         mask = attention_mask_for_megatron(keep_BP.to(self.device))  # causal + padding, True = masked
         for t in range(T):
-            logits_BV = self._forward(ids_BS, mask, context)
-            tokens_BT[:, t], logprobs_BT[:, t] = self._sample(logits_BV, sampling, seeds_B, t, B)
-            done_B |= tokens_BT[:, t] == self.eos_id
-            if t == T - 1 or bool(done_B.all()):
+            logits_AV = self._forward(ids_AS, mask, context)
+            seeds_A = None if seeds_B is None else seeds_B[active_A]
+            tokens_A, logprobs_A = self._sample(logits_AV, sampling, seeds_A, t, len(active_A))
+            tokens_BT[active_A, t], logprobs_BT[active_A, t] = tokens_A, logprobs_A
+            done_A |= tokens_A == self.eos_id
+            if t == T - 1 or bool(done_A.all()):
                 break
-            keep_BS[:, P + t] = True
+            if self.drop_finished_rows and bool(done_A.any()):
+                _keep_cache_rows(context, (~done_A).nonzero().flatten().to(self.device))
+                active_A, done_A = active_A[~done_A], done_A[~done_A]
+            keep_BS[active_A.to(self.device), P + t] = True
             context.enable_decode_mode()
-            ids_BS = tokens_BT[:, t : t + 1].to(self.device)
-            mask = ~keep_BS[:, None, None, : P + t + 1]  # the new query sees every real key so far
+            ids_AS = tokens_BT[active_A, t : t + 1].to(self.device)
+            # the new query sees every real key so far
+            mask = ~keep_BS[active_A.to(self.device), None, None, : P + t + 1]
         mask_BT = response_mask_from_eos(tokens_BT, self.eos_id)
         return GenerationOutput(
             tokens_BT.masked_fill(mask_BT == 0, self.pad_id), mask_BT, logprobs_BT * mask_BT
@@ -203,3 +228,14 @@ class MegatronRolloutEngine:
             dist.broadcast(packed_B2, g.rank_of(0, g.pipeline - 1, g.dp_rank), group=g.mp)
         packed_B2 = packed_B2.cpu()
         return packed_B2[:, 0].long(), packed_B2[:, 1].float()
+
+
+def _keep_cache_rows(context, rows_A: torch.Tensor) -> None:
+    """Move KV-cache rows `rows_A` (ascending) to the front of every layer's cache; megatron's static
+    attention reads and writes rows [0, batch) of it (attention.py `_adjust_key_value_for_inference`), so
+    the next forward of len(rows_A) rows continues exactly those sequences."""
+    for layer, (keys, values) in context.key_value_memory_dict.items():
+        n = len(rows_A)
+        keys[:, :n] = keys[:, rows_A]
+        values[:, :n] = values[:, rows_A]
+        context.key_value_memory_dict[layer] = (keys, values)

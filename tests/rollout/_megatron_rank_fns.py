@@ -114,6 +114,9 @@ def generation_parity_rank(
         greedy = engine.generate(PROMPTS, SamplingParams(max_new_tokens=MAX_NEW_TOKENS).greedy())
         sampling = SamplingParams(max_new_tokens=MAX_NEW_TOKENS, temperature=1.0)
         sampled = engine.generate(PROMPTS, sampling, row_seeds(11, 0, len(PROMPTS)))
+        # the same model decoding every row to the end (the static batch before issue 25)
+        static = MegatronRolloutEngine(engine.model, cfg, engine.groups, PAD, EOS, drop_finished_rows=False)
+        static_sampled = static.generate(PROMPTS, sampling, row_seeds(11, 0, len(PROMPTS)))
         waves = [
             engine.generate(PROMPTS[a:b], sampling, row_seeds(11, a, b - a)) for a, b in ((0, 2), (2, 5))
         ]
@@ -135,6 +138,10 @@ def generation_parity_rank(
                 "freed_by_sleep": freed,
                 "bytes_received": metrics["reshard/bytes_received"],
                 "bound_bytes": reshard.plan.lower_bound_bytes(),
+                "static_ids": static_sampled.response_ids_BT,
+                "static_logprobs": static_sampled.logprobs_BT,
+                "sampled_logprobs": sampled.logprobs_BT,
+                "sampled_lengths": sampled.response_mask_BT.sum(dim=1).tolist(),
                 "greedy_ids": greedy.response_ids_BT,
                 "greedy_logprobs": greedy.logprobs_BT,
                 "greedy_again": torch.equal(again.response_ids_BT, greedy.response_ids_BT),

@@ -77,6 +77,18 @@ def test_seeded_samples_are_the_same_on_every_layout_and_match_the_trainer(resul
             assert r["sampled_mismatch"] <= LOGPROB_TOL, f"{r['layout']} rank {rank}: {r['sampled_mismatch']}"
 
 
+def test_rows_that_finish_leave_the_batch_without_changing_any_sample(results):
+    """Issue 25 item 5: a row that sampled EOS leaves the decode batch; every other row's samples and
+    log-probs are the static batch's (per-row seeds), on every layout."""
+    lengths = results[0][0]["sampled_lengths"]
+    assert min(lengths) < max(lengths), f"no row finished early: the test would not drop a row {lengths}"
+    for rank, rank_results in enumerate(results):
+        for r in rank_results:
+            where = f"{r['layout']} rank {rank}"
+            assert torch.equal(r["sampled_ids"], r["static_ids"]), where
+            torch.testing.assert_close(r["sampled_logprobs"], r["static_logprobs"], atol=LOGPROB_TOL, rtol=0)
+
+
 def test_unseeded_samples_agree_within_a_replica_and_match_the_trainer(results):
     for i, layout in enumerate(LAYOUTS):
         by_replica: dict[int, torch.Tensor] = {}
