@@ -111,11 +111,12 @@ class OptimizerConfig:
     longest row; hpcrl.train.token_budget) instead of micro_batch_size sequences. The gradient is the
     same for any cut. null: micro_batch_size. Must hold the longest sequence (prompt + response)."""
     pack_sequences: bool = False
-    """Run each micro-batch as packed rows: whole sequences back to back in rows as wide as the longest,
-    a block-diagonal causal mask, outputs unpacked before the loss (hpcrl.train.packing; verl's
-    use_remove_padding), so padding is computed only at the rows' ends. Same log-probs and gradients as
-    padded rows. With max_tokens_per_micro_batch, each micro-batch holds budget // width such rows; else
-    micro_batch_size sequences. Also the reference, critic and frozen models' forwards."""
+    """Run each micro-batch as packed rows: whole sequences back to back (first-fit decreasing) in rows
+    of a multiple of the longest sequence's width (the cheapest by FLOPs), a block-diagonal causal mask,
+    outputs unpacked before the loss (hpcrl.train.packing; verl's use_remove_padding), so padding is
+    computed only at the rows' ends. Same log-probs and gradients as padded rows. With
+    max_tokens_per_micro_batch, each micro-batch holds budget // width such rows; else micro_batch_size
+    sequences. Also the reference, critic and frozen models' forwards."""
     balance_dp_tokens: bool = False
     """Give each DP rank the step's sequences by tokens (longest first to the least-loaded rank, verl's
     balance_batch; hpcrl.train.token_budget.balance_over_ranks) for updates and log-prob recomputation,

@@ -4,7 +4,8 @@ per row, so it computes (almost) only real tokens.
 
 Layout. A padded micro-batch [B, T] (each row's real tokens contiguous: a left-padded prompt, the
 response, right padding) becomes R rows of W columns: every row holds whole sequences, placed by
-first-fit decreasing (hpcrl.train.token_budget.fill_rows), the rest of the row padding.
+first-fit decreasing (hpcrl.train.token_budget.fill_rows), the rest of the row padding. W is a multiple
+of the longest sequence, the one whose rows cost the fewest FLOPs (`row_width`).
 
 Attention is block-diagonal causal: query q sees key k iff both are in the same sequence and k <= q
 (the mask megatron's local attention takes, True = masked out); a padding position sees itself only,
@@ -24,7 +25,7 @@ reads a pad's: no loss reads it (a response never starts a sequence), `unpack` z
 GPU: megatron's THD format (PackedSeqParams with cu_seqlens) needs Transformer Engine's attention, which
 hpcrl's local layer spec does not build; the dense block mask here runs on either device.
 
-Public: `PackedRows`, `packed_micro_batches`.
+Public: `PackedRows`, `packed_micro_batches`, `row_width`.
 """
 
 from __future__ import annotations
@@ -124,33 +125,61 @@ def _check_contiguous(keep_BT: torch.Tensor, lengths: list[int], starts: list[in
             raise ValueError(f"row {b}: its real tokens are not contiguous, so it cannot be packed")
 
 
-def packed_micro_batches(
-    attention_mask_BT: torch.Tensor, *, micro_batch_size: int, max_tokens: int | None
-) -> list[tuple[torch.Tensor, PackedRows]]:
-    """(row indices, packed layout of those rows) per micro-batch of a DP rank's batch.
+def row_width(lengths: list[int], hidden_size: int, cap: int, multiples: int = 4) -> int:
+    """The packed rows' width: among m x the longest sequence (m = 1..`multiples`, at most `cap`), the one
+    whose first-fit-decreasing rows cost the least forward FLOPs per layer, R x (24 W h^2 + 4 W^2 h)
+    (Narayanan et al. 2021, §5.1; the W^2 term is attention, which a dense block mask computes in full).
+    Rows as wide as the longest sequence leave gaps the size of a long sequence's remainder; wider rows
+    fill better but pay more attention, so the best width grows with the model."""
+    longest = max(max(lengths), 1)
+    best = None
+    for width in sorted({min(m * longest, cap) for m in range(1, multiples + 1)} | {longest}):
+        rows = len(fill_rows(lengths, width))
+        cost = rows * (24 * width * hidden_size**2 + 4 * width**2 * hidden_size)
+        if best is None or cost < best[0]:
+            best = (cost, width)
+    return best[1]
 
-    Without a token budget: micro_batch_size consecutive sequences each, packed into rows as wide as
-    their longest. With `max_tokens`: every sequence into rows as wide as the longest sequence W, then
-    max_tokens // W rows per micro-batch, so each computes at most max_tokens tokens (the config rule
-    keeps W <= max_tokens)."""
-    B = attention_mask_BT.shape[0]
+
+def packed_micro_batches(
+    attention_mask_BT: torch.Tensor, *, micro_batch_size: int, max_tokens: int | None, hidden_size: int
+) -> list[tuple[torch.Tensor, PackedRows]]:
+    """(row indices, packed layout of those rows) per micro-batch of a DP rank's batch, rows `row_width`
+    wide for a model of `hidden_size`.
+
+    Without a token budget: micro_batch_size consecutive sequences each. With `max_tokens`: every
+    sequence into rows of width W, then max_tokens // W rows per micro-batch, fullest rows first, each
+    micro-batch as wide as its fullest row, so each computes at most max_tokens tokens (the config rule
+    keeps the longest sequence <= max_tokens)."""
+    lengths = attention_mask_BT.bool().sum(dim=1).tolist()
     if max_tokens is None:
         out = []
-        for start in range(0, B, micro_batch_size):
-            index = torch.arange(start, min(start + micro_batch_size, B))
-            out.append((index, PackedRows.of(attention_mask_BT[index])))
+        for start in range(0, len(lengths), micro_batch_size):
+            index = torch.arange(start, min(start + micro_batch_size, len(lengths)))
+            chunk = lengths[start : start + micro_batch_size]
+            width = row_width(chunk, hidden_size, cap=max(sum(chunk), 1))
+            out.append((index, _packed(attention_mask_BT[index], fill_rows(chunk, width), chunk)))
         return out
-    lengths = attention_mask_BT.bool().sum(dim=1).tolist()
-    width = max(max(lengths), 1)
+    width = row_width(lengths, hidden_size, cap=max_tokens)
     rows = fill_rows(lengths, width)
+    rows.sort(key=lambda row: (-sum(lengths[b] for b in row), row[0]))
     per_micro_batch = max(1, max_tokens // width)
     out = []
     for first in range(0, len(rows), per_micro_batch):
         group = rows[first : first + per_micro_batch]
         index = sorted(b for row in group for b in row)
         local = {b: i for i, b in enumerate(index)}
-        layout = PackedRows.of(
-            attention_mask_BT[index], [[local[b] for b in row] for row in group], width=width
+        local_rows = [[local[b] for b in row] for row in group]
+        out.append(
+            (
+                torch.tensor(index, dtype=torch.long),
+                _packed(attention_mask_BT[index], local_rows, [lengths[b] for b in index]),
+            )
         )
-        out.append((torch.tensor(index, dtype=torch.long), layout))
     return out
+
+
+def _packed(attention_mask_BT: torch.Tensor, rows: list[list[int]], lengths: list[int]) -> PackedRows:
+    """`rows` as wide as the fullest of them (a micro-batch of the least-filled rows gets narrower)."""
+    width = max(max(sum(lengths[b] for b in row) for row in rows), 1)
+    return PackedRows.of(attention_mask_BT, rows, width=width)

@@ -124,7 +124,10 @@ class Trainer:
         budget = self.max_tokens_per_micro_batch
         if self.pack_sequences:
             cut = packed_micro_batches(
-                batch.attention_mask_BT.cpu(), micro_batch_size=micro_batch_size, max_tokens=budget
+                batch.attention_mask_BT.cpu(),
+                micro_batch_size=micro_batch_size,
+                max_tokens=budget,
+                hidden_size=self.model_cfg.hidden_size,
             )
             return [
                 (index, batch.select(index.to(self._device)), packed.to(self._device))

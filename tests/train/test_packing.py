@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from hpcrl import cli
 from hpcrl.distributed.spawn import run_ranks
-from hpcrl.train.packing import PackedRows, packed_micro_batches
+from hpcrl.train.packing import PackedRows, packed_micro_batches, row_width
 from hpcrl.train.token_budget import fill_rows
 
 LOSS_AGGS = ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean", "seq_mean_token_sum_norm")
@@ -97,14 +97,16 @@ def test_a_sequence_with_a_hole_is_refused():
 
 
 @settings(max_examples=100, deadline=None)
-@given(spans, st.integers(1, 64), st.integers(1, 5))
-def test_a_token_budget_bounds_every_micro_batch(case, budget, micro_batch_size):
+@given(spans, st.integers(1, 64), st.integers(1, 5), st.sampled_from([1, 64, 4096]))
+def test_a_token_budget_bounds_every_micro_batch(case, budget, micro_batch_size, hidden):
     rows_spans, width = case
     mask = _mask(rows_spans, width)
     longest = max(n for _, n in rows_spans)
     budget = max(budget, longest, 1)
     for max_tokens in (None, budget):
-        cut = packed_micro_batches(mask, micro_batch_size=micro_batch_size, max_tokens=max_tokens)
+        cut = packed_micro_batches(
+            mask, micro_batch_size=micro_batch_size, max_tokens=max_tokens, hidden_size=hidden
+        )
         assert sorted(int(i) for index, _ in cut for i in index) == list(range(len(rows_spans)))
         for index, packed in cut:
             assert packed.real_tokens == int(mask[index].sum())
@@ -112,6 +114,14 @@ def test_a_token_budget_bounds_every_micro_batch(case, budget, micro_batch_size)
                 assert packed.computed_tokens <= max_tokens
             else:
                 assert len(index) <= micro_batch_size
+
+
+def test_rows_get_wider_than_the_longest_sequence_where_that_costs_less():
+    lengths = [40, 21, 21, 21, 21]  # at width 40 each 21 sits alone: 5 rows, 200 computed for 124 real
+    assert row_width(lengths, hidden_size=4096, cap=1000) == 80  # 2 rows: 40+21 | 21+21+21
+    assert len(fill_rows(lengths, 80)) == 2
+    assert row_width(lengths, hidden_size=1, cap=1000) == 40  # attention (W^2) dominates a tiny model
+    assert row_width(lengths, hidden_size=4096, cap=50) == 50  # the budget caps it: 40 | 21+21 | 21+21
 
 
 def test_long_tailed_rows_pack_with_little_padding():
