@@ -175,11 +175,13 @@ def sequence_tokens(cfg: ExperimentConfig) -> int:
 
 def micro_batch(cfg: ExperimentConfig) -> int:
     """b = sequences per forward/backward on one DP rank (the micro-batch, at most the DP share). With a
-    token budget B (optim.max_tokens_per_micro_batch) the worst micro-batch is B // s rows of the full
-    width s: rows x width <= B, and the attention's s^2 term is largest at full width."""
+    token budget B (optim.max_tokens_per_micro_batch) a micro-batch is R rows of width w <= s (trimmed,
+    or packed: hpcrl.train.packing) with R w <= B, so its tokens are <= B and its attention scores
+    R w^2 <= B s: b = ceil(B / s) rows of width s bound both (B // s would not: B = 1.5 s allows two rows
+    of 0.75 s, 1.125 s^2 of scores)."""
     per_dp = max(1, cfg.algorithm.prompts_per_step * cfg.rollout.samples_per_prompt // cfg.parallel.data)
     budget = cfg.optim.max_tokens_per_micro_batch
-    rows = cfg.optim.micro_batch_size if budget is None else max(1, budget // sequence_tokens(cfg))
+    rows = cfg.optim.micro_batch_size if budget is None else max(1, -(-budget // sequence_tokens(cfg)))
     return min(rows, per_dp)
 
 

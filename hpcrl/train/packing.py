@@ -145,22 +145,25 @@ def packed_micro_batches(
     attention_mask_BT: torch.Tensor, *, micro_batch_size: int, max_tokens: int | None, hidden_size: int
 ) -> list[tuple[torch.Tensor, PackedRows]]:
     """(row indices, packed layout of those rows) per micro-batch of a DP rank's batch, rows `row_width`
-    wide for a model of `hidden_size`.
+    wide for a model of `hidden_size`, never wider than the padded rows: a micro-batch then holds no
+    more rows, tokens or attention scores (rows x width^2) than the padded one, so the memory planner's
+    bound (hpcrl.plan.memory.micro_batch) holds for packed rows too.
 
     Without a token budget: micro_batch_size consecutive sequences each. With `max_tokens`: every
     sequence into rows of width W, then max_tokens // W rows per micro-batch, fullest rows first, each
     micro-batch as wide as its fullest row, so each computes at most max_tokens tokens (the config rule
     keeps the longest sequence <= max_tokens)."""
     lengths = attention_mask_BT.bool().sum(dim=1).tolist()
+    padded_width = attention_mask_BT.shape[1]
     if max_tokens is None:
         out = []
         for start in range(0, len(lengths), micro_batch_size):
             index = torch.arange(start, min(start + micro_batch_size, len(lengths)))
             chunk = lengths[start : start + micro_batch_size]
-            width = row_width(chunk, hidden_size, cap=max(sum(chunk), 1))
+            width = row_width(chunk, hidden_size, cap=min(max(sum(chunk), 1), padded_width))
             out.append((index, _packed(attention_mask_BT[index], fill_rows(chunk, width), chunk)))
         return out
-    width = row_width(lengths, hidden_size, cap=max_tokens)
+    width = row_width(lengths, hidden_size, cap=min(max_tokens, padded_width))
     rows = fill_rows(lengths, width)
     rows.sort(key=lambda row: (-sum(lengths[b] for b in row), row[0]))
     per_micro_batch = max(1, max_tokens // width)

@@ -203,9 +203,13 @@ def test_split_placement_takes_the_worst_pool():
 def test_a_token_budget_sizes_the_activations_of_its_worst_micro_batch():
     act = lambda p: next(c.bytes for c in p.components if c.name.startswith("activations"))  # noqa: E731
     s = 8 + 3  # grpo_tiny: max_prompt_length + max_new_tokens
-    by_rows = predict(config(**{"optim.micro_batch_size": 5}), host_bytes=24 * GIB)
-    by_tokens = predict(config(**{"optim.max_tokens_per_micro_batch": 5 * s + 3}), host_bytes=24 * GIB)
-    assert act(by_tokens) == pytest.approx(act(by_rows))  # 5 full-width rows fit, a sixth does not
+    rows = {n: predict(config(**{"optim.micro_batch_size": n}), host_bytes=24 * GIB) for n in (5, 6)}
+    exact = predict(config(**{"optim.max_tokens_per_micro_batch": 5 * s}), host_bytes=24 * GIB)
+    assert act(exact) == pytest.approx(act(rows[5]))  # 5 full-width rows: the worst cut of 5 s tokens
+    # any cut of B = 5 s + 3 tokens (R rows of width w <= s, R w <= B) has at most B tokens and B s
+    # attention scores; ceil(B / s) = 6 full-width rows bound both (5 would not bound B s)
+    above = predict(config(**{"optim.max_tokens_per_micro_batch": 5 * s + 3}), host_bytes=24 * GIB)
+    assert act(above) == pytest.approx(act(rows[6]))
 
 
 def test_async_placement_plans_a_training_pool_and_a_rollout_pool():

@@ -110,6 +110,7 @@ def test_a_token_budget_bounds_every_micro_batch(case, budget, micro_batch_size,
         assert sorted(int(i) for index, _ in cut for i in index) == list(range(len(rows_spans)))
         for index, packed in cut:
             assert packed.real_tokens == int(mask[index].sum())
+            assert packed.shape[1] <= width and packed.shape[0] <= len(index)  # never beyond padded rows
             if max_tokens is not None:
                 assert packed.computed_tokens <= max_tokens
             else:
