@@ -180,6 +180,22 @@ def rollout_rank(rank: int, world: int, hidden: int, layers: int, batch_size: in
     }
 
 
+def _record(metric, tps, new, old, baseline, seconds, tokens, reps, layout, size) -> dict:
+    """A lengths record's fields: `new`'s tokens/s against `old`'s, each repetition's as a sample."""
+    return {
+        "benchmark": "lengths",
+        "metric": metric,
+        "value": tps[new],
+        "unit": "tok/s",
+        "baseline_name": baseline,
+        "baseline_value": tps[old],
+        "repetitions": reps,
+        "samples": [tokens / s for s in seconds[new]],
+        "layout": layout,
+        "model_size": size,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results-dir", default=str(Path.cwd() / "results"))
@@ -200,36 +216,38 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("lengths: the ragged decode sampled other tokens than the static batch")
     train_tps = {k: train["real_tokens"] / statistics.median(v) for k, v in train["seconds"].items()}
     gen_tps = {k: rollout["generated_tokens"] / statistics.median(v) for k, v in rollout["seconds"].items()}
-    size = f"h={args.hidden},L={args.layers}"
+    size, reps = f"h={args.hidden},L={args.layers}", args.reps
     records = [
-        Record(
-            benchmark="lengths",
-            metric="train_tokens_per_s",
-            value=train_tps["new"],
-            unit="tok/s",
-            baseline_name="padded_rows",
-            baseline_value=train_tps["padded"],
-            repetitions=args.reps,
-            samples=[train["real_tokens"] / s for s in train["seconds"]["new"]],
-            layout="d=2",
-            model_size=size,
-            extra={"padding": train["padding"], "dp_imbalance": train["dp_imbalance"], "batch": args.batch},
-        ),
-        Record(
-            benchmark="lengths",
-            metric="rollout_tokens_per_s",
-            value=gen_tps["ragged"],
-            unit="tok/s",
-            baseline_name="static_batch",
-            baseline_value=gen_tps["static"],
-            repetitions=args.reps,
-            samples=[rollout["generated_tokens"] / s for s in rollout["seconds"]["ragged"]],
-            layout="t_g=1",
-            model_size=size,
-            extra={k: rollout[k] for k in ("generated_tokens", "longest", "mean")} | {"batch": args.batch},
-        ),
+        _record(
+            "train_tokens_per_s",
+            train_tps,
+            "new",
+            "padded",
+            "padded_rows",
+            train["seconds"],
+            train["real_tokens"],
+            reps,
+            "d=2",
+            size,
+        )
+        | {
+            "extra": {"padding": train["padding"], "dp_imbalance": train["dp_imbalance"], "batch": args.batch}
+        },
+        _record(
+            "rollout_tokens_per_s",
+            gen_tps,
+            "ragged",
+            "static",
+            "static_batch",
+            rollout["seconds"],
+            rollout["generated_tokens"],
+            reps,
+            "t_g=1",
+            size,
+        )
+        | {"extra": {k: rollout[k] for k in ("generated_tokens", "longest", "mean")} | {"batch": args.batch}},
     ]
-    write_records(Path(args.results_dir), records)
+    write_records(Path(args.results_dir), [Record(**fields) for fields in records])
     pad, imb = train["padding"], train["dp_imbalance"]
     print(
         f"lengths: train tokens/s ratio={train_tps['new'] / train_tps['padded']:.2f} "

@@ -21,7 +21,7 @@ from hpcrl.train.token_budget import fill_rows
 LOSS_AGGS = ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 PROMPTS = [2, 5, 3, 4, 1, 5, 2, 3]
 RESPONSES = [10, 1, 2, 1, 10, 2, 1, 3]
-PROMPT_COLUMNS, S = 5, 15
+S = 15
 
 
 def _mask(spans: list[tuple[int, int]], width: int) -> torch.Tensor:
@@ -136,23 +136,9 @@ def test_long_tailed_rows_pack_with_little_padding():
 def ragged_batch(vocab: int):
     """8 rows of 15 columns: prompts left padded to 5 columns, responses of 1..10 right padded; real
     lengths 12, 6, 5, 5, 11, 7, 3, 6, so micro-batches of 3 rows share packed rows (12 | 6+5, ...)."""
-    from hpcrl.train.batch import TrainBatch
+    from tests.train._batches import ragged_batch as build
 
-    gen = torch.Generator().manual_seed(5)
-    B = len(PROMPTS)
-    ids = torch.randint(0, vocab, (B, S), generator=gen)
-    attention = torch.zeros(B, S, dtype=torch.bool)
-    response = torch.zeros(B, S, dtype=torch.bool)
-    for b, (p, r) in enumerate(zip(PROMPTS, RESPONSES, strict=True)):
-        attention[b, PROMPT_COLUMNS - p : PROMPT_COLUMNS + r] = True
-        response[b, PROMPT_COLUMNS : PROMPT_COLUMNS + r] = True
-    extras = {
-        "old_logprobs": -torch.rand(B, S, generator=gen) * response,
-        "advantages": torch.randn(B, S, generator=gen) * response,
-        "old_values": torch.randn(B, S, generator=gen) * response,
-        "returns": torch.randn(B, S, generator=gen) * response,
-    }
-    return TrainBatch(ids, attention, response, extras=extras)
+    return build(vocab, PROMPTS, RESPONSES, width=S, seed=5)
 
 
 def packed_and_padded(rank: int, world: int, tensor: int, pipeline: int, data: int, aggs: tuple) -> dict:

@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -43,22 +42,9 @@ def test_short_rows_share_a_micro_batch_and_long_ones_do_not():
 
 def _ragged_batch(vocab: int) -> TrainBatch:
     """B=6 rows of S=12: prompts left padded (2-4 tokens), responses right padded (1-8 tokens)."""
-    gen = torch.Generator().manual_seed(3)
-    prompts, responses = [2, 4, 3, 4, 2, 3], [8, 1, 5, 2, 7, 3]
-    B, S = len(prompts), 12
-    ids = torch.randint(0, vocab, (B, S), generator=gen)
-    attention = torch.zeros(B, S, dtype=torch.bool)
-    response = torch.zeros(B, S, dtype=torch.bool)
-    for b, (p, r) in enumerate(zip(prompts, responses, strict=True)):
-        attention[b, 4 - p : 4 + r] = True
-        response[b, 4 : 4 + r] = True
-    extras = {
-        "old_logprobs": -torch.rand(B, S, generator=gen) * response,
-        "advantages": torch.randn(B, S, generator=gen) * response,
-        "old_values": torch.randn(B, S, generator=gen) * response,
-        "returns": torch.randn(B, S, generator=gen) * response,
-    }
-    return TrainBatch(ids, attention, response, extras=extras)
+    from tests.train._batches import ragged_batch
+
+    return ragged_batch(vocab, [2, 4, 3, 4, 2, 3], [8, 1, 5, 2, 7, 3], width=12, seed=3)
 
 
 def gradients_by_cut(rank: int, world: int) -> dict:
