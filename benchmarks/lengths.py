@@ -19,8 +19,8 @@ dp_imbalance = max / mean real tokens per DP rank (contiguous halves vs the bala
 
 Rollout (1 rank, hpcrl's megatron engine at t_g = 1, random weights: with a 16-token vocabulary the
 per-step EOS chance is ~1/16, so response lengths are geometric with mean ~16, the task's shape): the
-same prompts and per-row seeds, every row decoded until the last one finishes (static batch) vs rows
-leaving at EOS (`drop_finished_rows`). Both produce the same samples (checked); tokens/s = generated
+same prompts and per-row seeds, one padded prefill and every row decoded until the last one finishes
+(static batch) vs prefill in length buckets and rows leaving at EOS (`ragged`). Both produce the same samples (checked); tokens/s = generated
 tokens / generate seconds.
 
 Last line: `lengths: train tokens/s ratio=<x> padding=<before>-><after> dp_imbalance=<before>-><after>
@@ -156,7 +156,7 @@ def rollout_rank(rank: int, world: int, hidden: int, layers: int, batch_size: in
     model = build_gpt_model(cfg, groups)
     pad, eos = 0, 2  # the char tokenizer's <pad> and </s> (hpcrl.data.tokenizer.SPECIAL_TOKENS)
     engines = {
-        "static": MegatronRolloutEngine(model, cfg, groups, pad, eos, drop_finished_rows=False),
+        "static": MegatronRolloutEngine(model, cfg, groups, pad, eos, ragged=False),
         "ragged": MegatronRolloutEngine(model, cfg, groups, pad, eos),
     }
     sampling = SamplingParams(max_new_tokens=MAX_NEW_TOKENS, temperature=1.0)

@@ -16,8 +16,9 @@ One decode step: stage s receives hidden states [S, B, H] from s-1 (nothing on t
 layers (KV cache of its own layers), sends to s+1; the last stage's vocab shards [B, V/t_g] are
 all-gathered over the generation TP group (megatron's runtime_gather_output), TP rank 0 samples, and the tokens and their log-probs are
 broadcast to the whole generation replica (t_g·p_g ranks), so every rank of a replica returns the same
-output. Prefill masks left padding and the causal future; decode masks the padded keys only. A row that
-sampled EOS leaves the decode batch and its KV-cache slots (`drop_finished_rows`).
+output. Prefill masks left padding and the causal future; decode masks the padded keys only. Ragged
+batches (`ragged`): prompts prefill in length buckets over their own columns, and a row that sampled EOS
+leaves the decode batch and its KV-cache slots.
 
 Log-probs contract (as the HF and vLLM engines): log softmax(logits / temperature) of each sampled token
 (greedy: temperature 1), without top-k/top-p truncation; 0 on padding.
@@ -103,13 +104,14 @@ class MegatronRolloutEngine:
         pad_id: int,
         eos_id: int,
         *,
-        drop_finished_rows: bool = True,
+        ragged: bool = True,
     ):
         self.model, self.cfg, self.groups = model.eval(), cfg, groups
         self.pad_id, self.eos_id = pad_id, eos_id
-        self.drop_finished_rows = drop_finished_rows
-        """Finished rows leave the decode batch (False: every row decodes until the last one is done, the
-        static batch benchmarks/lengths.py measures against)."""
+        self.ragged = ragged
+        """Prefill in length buckets and drop finished rows from the decode batch (False: the static
+        batch, one padded prefill and every row decoded until the last is done, which
+        benchmarks/lengths.py measures against)."""
         sample = next(model.parameters())
         self.device, self.dtype = sample.device, sample.dtype
 
@@ -159,10 +161,11 @@ class MegatronRolloutEngine:
     ) -> GenerationOutput:
         """`seeds` (one per prompt): layout-independent sampling (`sample_tokens`); None: process RNG.
 
-        A row that samples EOS leaves the decode batch (`drop_finished_rows`): its KV-cache slots are
-        given up (`_keep_cache_rows`), so each later step computes only the rows still generating and a
-        long-tailed batch costs its total tokens, not rows x its longest response. With seeds, every row's
-        samples are the ones it draws in the full batch (its noise depends on (seed, position) only)."""
+        Ragged (`self.ragged`): prompts of similar lengths are prefilled together (`prefill_buckets`),
+        each bucket only over its own longest prompt's columns, and a row that samples EOS leaves the
+        decode batch and gives up its KV-cache slots (`_keep_cache_rows`), so a long-tailed batch costs
+        its total tokens, not rows x its longest prompt and response. With seeds, every row's samples
+        are the ones it draws in the static batch (its noise depends on (seed, position) only)."""
         from megatron.core.inference.contexts import StaticInferenceContext
 
         input_ids_BP, keep_BP = left_pad(prompt_ids, self.pad_id)
@@ -174,30 +177,58 @@ class MegatronRolloutEngine:
         tokens_BT = torch.full((B, T), self.pad_id, dtype=torch.long)
         logprobs_BT = torch.zeros(B, T)
         seeds_B = None if seeds is None else torch.tensor(list(seeds), dtype=torch.long)
-        active_A = torch.arange(B)  # the batch rows still generating, in KV-cache order
+        active_A, logits_AV = self._prefill(input_ids_BP, keep_BS[:, :P], context)  # rows in cache order
         done_A = torch.zeros(B, dtype=torch.bool)
-        ids_AS = input_ids_BP.to(self.device)
-        mask = attention_mask_for_megatron(keep_BP.to(self.device))  # causal + padding, True = masked
         for t in range(T):
-            logits_AV = self._forward(ids_AS, mask, context)
             seeds_A = None if seeds_B is None else seeds_B[active_A]
             tokens_A, logprobs_A = self._sample(logits_AV, sampling, seeds_A, t, len(active_A))
             tokens_BT[active_A, t], logprobs_BT[active_A, t] = tokens_A, logprobs_A
             done_A |= tokens_A == self.eos_id
             if t == T - 1 or bool(done_A.all()):
                 break
-            if self.drop_finished_rows and bool(done_A.any()):
+            if self.ragged and bool(done_A.any()):
                 _keep_cache_rows(context, (~done_A).nonzero().flatten().to(self.device))
                 active_A, done_A = active_A[~done_A], done_A[~done_A]
-            keep_BS[active_A.to(self.device), P + t] = True
+            rows = active_A.to(self.device)
+            keep_BS[rows, P + t] = True
             context.enable_decode_mode()
-            ids_AS = tokens_BT[active_A, t : t + 1].to(self.device)
-            # the new query sees every real key so far
-            mask = ~keep_BS[active_A.to(self.device), None, None, : P + t + 1]
+            mask = ~keep_BS[rows, None, None, : P + t + 1]  # the new query sees every real key so far
+            logits_AV = self._forward(tokens_BT[active_A, t : t + 1].to(self.device), mask, context)
         mask_BT = response_mask_from_eos(tokens_BT, self.eos_id)
         return GenerationOutput(
             tokens_BT.masked_fill(mask_BT == 0, self.pad_id), mask_BT, logprobs_BT * mask_BT
         )
+
+    def _prefill(self, input_ids_BP: torch.Tensor, keep_BP: torch.Tensor, context):
+        """Fill the KV cache with the prompts (right-aligned at columns [0, P)); returns (the batch rows in
+        cache order, the last stage's logits [B, V] in that order, None elsewhere). Ragged: one forward
+        per bucket of prompts sorted by length, each over its longest prompt's columns only (megatron's
+        static context writes a bucket at rows batch_size_offset.. and columns sequence_len_offset..)."""
+        B, P = input_ids_BP.shape
+        if not self.ragged:
+            logits = self._forward(
+                input_ids_BP.to(self.device), attention_mask_for_megatron(keep_BP), context
+            )
+            return torch.arange(B), logits
+        lengths = keep_BP.sum(dim=1).tolist()
+        order = sorted(range(B), key=lambda b: (lengths[b], b))
+        causal_PP = torch.ones(P, P, dtype=torch.bool, device=self.device).tril()
+        parts = []
+        # longest bucket first: it writes every column [0, P) of its rows, which allocates the cache
+        # (torch.empty); the other rows are then zeroed, since a bucket reads its rows' columns before its
+        # own, masked (softmax weight 0) but 0 x NaN garbage would still be NaN
+        for first, stop in reversed(prefill_buckets([lengths[b] for b in order])):
+            rows = torch.tensor(order[first:stop], device=self.device)
+            width = max(lengths[b] for b in order[first:stop])
+            context.batch_size_offset, context.sequence_len_offset = first, P - width
+            allowed = causal_PP[P - width :][None] & keep_BP[rows][:, None, :]  # [k, width, P]
+            ids = input_ids_BP[rows.cpu(), P - width :].to(self.device)
+            parts.append(self._forward(ids, ~allowed[:, None], context))
+            if len(parts) == 1:
+                for keys, values in context.key_value_memory_dict.values():
+                    keys[:, :first], values[:, :first] = 0, 0
+        context.batch_size_offset, context.sequence_len_offset = 0, P
+        return torch.tensor(order), None if parts[0] is None else torch.cat(parts[::-1])
 
     def _forward(self, ids_BS: torch.Tensor, mask: torch.Tensor, context) -> torch.Tensor | None:
         """One forward of S new tokens through this rank's stage; the last stage returns [B, V/t_g]."""
@@ -228,6 +259,38 @@ class MegatronRolloutEngine:
             dist.broadcast(packed_B2, g.rank_of(0, g.pipeline - 1, g.dp_rank), group=g.mp)
         packed_B2 = packed_B2.cpu()
         return packed_B2[:, 0].long(), packed_B2[:, 1].float()
+
+
+PREFILL_BUCKETS = 4
+"""Prefill forwards at most (each a fixed cost); 4 cut a uniform 1..48 spread's padding from 49 % to 18 %."""
+
+
+def prefill_buckets(sorted_lengths: Sequence[int], buckets: int = PREFILL_BUCKETS) -> list[tuple[int, int]]:
+    """[first, stop) ranges of ascending `sorted_lengths`, at most `buckets` of them, minimising the
+    prefill's computed tokens sum(rows x longest). Rows of one length always share a group, so this is
+    an optimal partition of the m distinct lengths into contiguous groups (a group costs its rows x its
+    last, longest, length): dynamic programming, O(buckets m^2), m <= the longest prompt."""
+    values = sorted(set(sorted_lengths))
+    if not values:
+        return []
+    rows_upto = [0]  # rows_upto[i]: rows with one of the first i distinct lengths
+    for v in values:
+        rows_upto.append(rows_upto[-1] + sum(1 for x in sorted_lengths if x == v))
+    m, inf = len(values), float("inf")
+    cost = [[0.0] + [inf] * m] + [[inf] * (m + 1) for _ in range(buckets)]
+    cut = [[0] * (m + 1) for _ in range(buckets + 1)]
+    for k in range(1, buckets + 1):
+        for i in range(1, m + 1):
+            for j in range(k - 1, i):
+                c = cost[k - 1][j] + (rows_upto[i] - rows_upto[j]) * values[i - 1]
+                if c < cost[k][i]:
+                    cost[k][i], cut[k][i] = c, j
+    k = min(range(1, min(buckets, m) + 1), key=lambda k: (cost[k][m], k))  # fewest among the cheapest
+    out, i = [], m
+    while i > 0:
+        out.append((rows_upto[cut[k][i]], rows_upto[i]))
+        i, k = cut[k][i], k - 1
+    return out[::-1]
 
 
 def _keep_cache_rows(context, rows_A: torch.Tensor) -> None:

@@ -115,7 +115,7 @@ def generation_parity_rank(
         sampling = SamplingParams(max_new_tokens=MAX_NEW_TOKENS, temperature=1.0)
         sampled = engine.generate(PROMPTS, sampling, row_seeds(11, 0, len(PROMPTS)))
         # the same model decoding every row to the end (the static batch before issue 25)
-        static = MegatronRolloutEngine(engine.model, cfg, engine.groups, PAD, EOS, drop_finished_rows=False)
+        static = MegatronRolloutEngine(engine.model, cfg, engine.groups, PAD, EOS, ragged=False)
         static_sampled = static.generate(PROMPTS, sampling, row_seeds(11, 0, len(PROMPTS)))
         waves = [
             engine.generate(PROMPTS[a:b], sampling, row_seeds(11, a, b - a)) for a, b in ((0, 2), (2, 5))
