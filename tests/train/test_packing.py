@@ -228,7 +228,7 @@ REPO = Path(__file__).resolve().parents[2]
 def _run(capsys, tmp_path: Path, template: str, *overrides: str) -> list[dict]:
     capsys.readouterr()
     argv = ["run", str(REPO / "templates" / template), "--run_root", str(tmp_path / "runs")]
-    section = "dpo" if template.startswith("dpo") else "algorithm"
+    section = template.split("_", 1)[0] if template.startswith(("dpo", "rm", "sft")) else "algorithm"
     argv += [f"--{section}.steps", "2", f"--{section}.eval_every", "0", "--checkpoint.every_steps", "0"]
     argv += ["--logging.tensorboard", "false", "--logging.progress", "false", "--logging.plot", "false"]
     assert cli.main([*argv, *overrides]) == 0
@@ -260,10 +260,11 @@ def test_a_packed_rl_run_takes_the_padded_runs_first_step(tmp_path, capsys, temp
 
 
 @pytest.mark.dist
-def test_a_packed_dpo_run_takes_the_padded_runs_first_step(tmp_path, capsys):
-    padded = _run(capsys, tmp_path, "dpo_tiny.yaml")
-    packed = _run(capsys, tmp_path, "dpo_tiny.yaml", "--optim.pack_sequences", "true")
+@pytest.mark.parametrize("template", ["dpo_tiny.yaml", "rm_tiny.yaml", "sft_tiny.yaml"])
+def test_a_packed_offline_stage_takes_the_padded_runs_first_step(tmp_path, capsys, template):
+    padded = _run(capsys, tmp_path, template)
+    packed = _run(capsys, tmp_path, template, "--optim.pack_sequences", "true")
     keys = [k for k in padded[0] if k.endswith(("loss", "grad_norm")) and isinstance(padded[0][k], float)]
-    assert keys
+    assert keys, sorted(padded[0])
     for key in keys:
         assert packed[0][key] == pytest.approx(padded[0][key], rel=1e-5), key
