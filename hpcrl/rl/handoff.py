@@ -120,7 +120,9 @@ def build_rollout_side(engine_name: str, inputs: SideInputs) -> RolloutSide:
 
 def _megatron_side(i: SideInputs) -> RolloutSide:
     """megatron-core at the generation layout; its parameters are views of the store the reshard fills."""
-    engine = MegatronRolloutEngine.build(i.model_cfg, i.generation_groups, *i.tokens)
+    engine = MegatronRolloutEngine.build(
+        i.model_cfg, i.generation_groups, *i.tokens, max_rows=i.rollout_cfg.max_num_seqs
+    )
     store = GenerationStore.for_engine(i.reshard)
     store.bind(engine.global_params())
 

@@ -130,15 +130,20 @@ def counter_hash(keys: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def gumbel_noise(seeds_B: torch.Tensor, position: int, vocab: int) -> torch.Tensor:
-    """Gumbel(0, 1) noise [B, V], a function of (row seed, token position, vocab id) only.
+def gumbel_noise(seeds_B: torch.Tensor, position: int | torch.Tensor, vocab: int) -> torch.Tensor:
+    """Gumbel(0, 1) noise [B, V], a function of (row seed, token position, vocab id) only; `position` is
+    one for every row or a [B] tensor, one per row (rows at different positions: continuous batching).
 
     argmax(logits/temperature + noise) samples softmax(logits/temperature) (the Gumbel-max trick,
     Gumbel 1954; Maddison et al. 2014 §2), so every replica split of a batch samples the same tokens.
     """
     B = seeds_B.shape[0]
     ids_BV = torch.arange(vocab, device=seeds_B.device).expand(B, vocab)
-    keys = torch.stack([seeds_B[:, None].expand(B, vocab), torch.full_like(ids_BV, position), ids_BV], -1)
+    if isinstance(position, torch.Tensor):
+        positions_BV = position.to(ids_BV)[:, None].expand(B, vocab)
+    else:
+        positions_BV = torch.full_like(ids_BV, position)
+    keys = torch.stack([seeds_B[:, None].expand(B, vocab), positions_BV, ids_BV], -1)
     bits = _shift_right(counter_hash(keys)[..., -1], 11)  # 53 random bits
     uniform = (bits.double() + 0.5) * 2.0**-53  # in (0, 1)
     return -torch.log(-torch.log(uniform))

@@ -28,11 +28,12 @@ class RolloutConfig:
     top_k: Annotated[int, Range(ge=0, le=1 << 24)] = 0
     """Top-k sampling; 0 disables."""
     max_num_seqs: Count | None = None
-    """Sequences one generation replica decodes at once (its KV cache holds this many): the megatron and
-    HF engines generate a rank's share in waves of this size; vLLM gets it as its scheduler's
-    `max_num_seqs`. None = the whole share at once (megatron/HF) or vLLM's default. With the megatron
-    engine the samples do not depend on the wave size (per-row seeds); the HF engine draws from the
-    process RNG, so its samples do."""
+    """Sequences one generation replica decodes at once (its KV cache holds this many): the megatron
+    engine batches continuously (a finished row's slot goes to a waiting prompt at the next step,
+    hpcrl.rollout.cache_slots), the HF engine generates a rank's share in waves of this size, vLLM gets it
+    as its scheduler's `max_num_seqs`. None = the whole share at once (megatron/HF) or vLLM's default.
+    With the megatron engine the samples do not depend on it (per-row seeds); the HF engine draws from
+    the process RNG, so its samples do."""
     sleep_between_steps: bool | None = None
     """Free the rollout's weights and KV cache between generation and training (megatron engine: its
     generation store and the reshard staging; vLLM on CUDA: `LLM.sleep(level=1)`). None = on with CUDA

@@ -195,7 +195,8 @@ class _VLLM(EngineKind):
 
 ENGINES: dict[str, EngineKind] = {
     "hf": _HF("hf"),
-    "megatron": EngineKind("megatron", builds_on_generation_groups=True),
+    # continuous batching over its static cache's rows (hpcrl.rollout.cache_slots): max_num_seqs at once
+    "megatron": EngineKind("megatron", builds_on_generation_groups=True, schedules_its_batches=True),
     "vllm": _VLLM("vllm", schedules_its_batches=True, preallocates_memory=True, starts_from_hf_dir=True),
 }
 """Every rollout engine kind by name (`rollout.engine`'s values but `auto`)."""

@@ -29,6 +29,7 @@ H hidden.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Sequence
 
 import torch
@@ -41,10 +42,10 @@ from hpcrl.rollout.base import (
     left_pad,
     response_mask_from_eos,
 )
+from hpcrl.rollout.cache_slots import CacheSlots
 from hpcrl.train.config import ModelConfig
 from hpcrl.train.model import (
     TrainGroups,
-    attention_mask_for_megatron,
     build_gpt_model,
     named_global_params,
 )
@@ -71,7 +72,10 @@ def filter_logits(logits_BV: torch.Tensor, top_k: int, top_p: float) -> torch.Te
 
 
 def sample_tokens(
-    logits_BV: torch.Tensor, sampling: SamplingParams, seeds_B: torch.Tensor | None = None, position: int = 0
+    logits_BV: torch.Tensor,
+    sampling: SamplingParams,
+    seeds_B: torch.Tensor | None = None,
+    position: int | torch.Tensor = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(tokens_B, logprobs_B): sampled (or greedy) tokens and their log-probs under the contract above.
 
@@ -105,9 +109,13 @@ class MegatronRolloutEngine:
         eos_id: int,
         *,
         ragged: bool = True,
+        max_rows: int | None = None,
     ):
         self.model, self.cfg, self.groups = model.eval(), cfg, groups
         self.pad_id, self.eos_id = pad_id, eos_id
+        self.max_rows = max_rows
+        """Sequences decoding at once (rollout.max_num_seqs; None: every prompt of a call); the others
+        wait and join as rows finish."""
         self.ragged = ragged
         """Prefill in length buckets and drop finished rows from the decode batch (False: the static
         batch, one padded prefill and every row decoded until the last is done, which
@@ -161,74 +169,95 @@ class MegatronRolloutEngine:
     ) -> GenerationOutput:
         """`seeds` (one per prompt): layout-independent sampling (`sample_tokens`); None: process RNG.
 
-        Ragged (`self.ragged`): prompts of similar lengths are prefilled together (`prefill_buckets`),
-        each bucket only over its own longest prompt's columns, and a row that samples EOS leaves the
-        decode batch and gives up its KV-cache slots (`_keep_cache_rows`), so a long-tailed batch costs
-        its total tokens, not rows x its longest prompt and response. With seeds, every row's samples
-        are the ones it draws in the static batch (its noise depends on (seed, position) only)."""
+        Ragged (`self.ragged`), continuous batching over the static cache's rows (hpcrl.rollout.cache_slots):
+        at most `max_rows` sequences decode at once; a row that samples EOS leaves and a waiting prompt
+        takes its place at the next step; prompts prefill in length buckets, each over its own columns
+        (`prefill_buckets`). A long-tailed batch thus costs its total tokens, not rows x its longest prompt
+        and response. With seeds, every row's samples are the ones it draws in the static batch (its noise
+        depends on (seed, position) only). Static (`ragged` False): one padded prefill of every prompt,
+        every row decoded until the last one finishes."""
         from megatron.core.inference.contexts import StaticInferenceContext
 
         input_ids_BP, keep_BP = left_pad(prompt_ids, self.pad_id)
         B, P = input_ids_BP.shape
         T = sampling.max_new_tokens
-        context = StaticInferenceContext(B, P + T)
-        keep_BS = torch.zeros(B, P + T, dtype=torch.bool, device=self.device)
-        keep_BS[:, :P] = keep_BP.bool()
+        at_once = min(B, self.max_rows or B) if self.ragged else B
+        slots = CacheSlots.empty(StaticInferenceContext(at_once, P + T), P + T, P, self.device)
+        waiting = deque(range(B))
         tokens_BT = torch.full((B, T), self.pad_id, dtype=torch.long)
         logprobs_BT = torch.zeros(B, T)
         seeds_B = None if seeds is None else torch.tensor(list(seeds), dtype=torch.long)
-        active_A, logits_AV = self._prefill(input_ids_BP, keep_BS[:, :P], context)  # rows in cache order
-        done_A = torch.zeros(B, dtype=torch.bool)
-        for t in range(T):
-            seeds_A = None if seeds_B is None else seeds_B[active_A]
-            tokens_A, logprobs_A = self._sample(logits_AV, sampling, seeds_A, t, len(active_A))
-            tokens_BT[active_A, t], logprobs_BT[active_A, t] = tokens_A, logprobs_A
-            done_A |= tokens_A == self.eos_id
-            if t == T - 1 or bool(done_A.all()):
-                break
-            if self.ragged and bool(done_A.any()):
-                _keep_cache_rows(context, (~done_A).nonzero().flatten().to(self.device))
-                active_A, done_A = active_A[~done_A], done_A[~done_A]
-            rows = active_A.to(self.device)
-            keep_BS[rows, P + t] = True
-            context.enable_decode_mode()
-            mask = ~keep_BS[rows, None, None, : P + t + 1]  # the new query sees every real key so far
-            logits_AV = self._forward(tokens_BT[active_A, t : t + 1].to(self.device), mask, context)
+        done_A = torch.zeros(0, dtype=torch.bool)  # static batch: which rows sampled EOS
+        logits_AV = self._admit(slots, waiting, input_ids_BP, keep_BP)
+        while len(slots):
+            seeds_A = None if seeds_B is None else seeds_B[slots.rows_A]
+            tokens_A, logprobs_A = self._sample(logits_AV, sampling, seeds_A, slots.positions_A, len(slots))
+            tokens_BT[slots.rows_A, slots.positions_A] = tokens_A
+            logprobs_BT[slots.rows_A, slots.positions_A] = logprobs_A
+            slots.pending_A, slots.positions_A = tokens_A, slots.positions_A + 1
+            finished_A = (tokens_A == self.eos_id) | (slots.positions_A == T)
+            if self.ragged:
+                slots.drop(finished_A)
+            else:
+                done_A = finished_A | (done_A if len(done_A) else finished_A)
+                if bool(done_A.all()):
+                    break
+            parts = [self._decode(slots, P)] if len(slots) else []
+            parts.append(self._admit(slots, waiting, input_ids_BP, keep_BP))
+            parts = [part for part in parts if part is not None]
+            logits_AV = torch.cat(parts) if parts else None
         mask_BT = response_mask_from_eos(tokens_BT, self.eos_id)
         return GenerationOutput(
             tokens_BT.masked_fill(mask_BT == 0, self.pad_id), mask_BT, logprobs_BT * mask_BT
         )
 
-    def _prefill(self, input_ids_BP: torch.Tensor, keep_BP: torch.Tensor, context):
-        """Fill the KV cache with the prompts (right-aligned at columns [0, P)); returns (the batch rows in
-        cache order, the last stage's logits [B, V] in that order, None elsewhere). Ragged: one forward
-        per bucket of prompts sorted by length, each over its longest prompt's columns only (megatron's
+    def _decode(self, slots: CacheSlots, longest_prompt: int) -> torch.Tensor | None:
+        """One decode step of every slot's pending token at the shared column."""
+        slots.shift(keep_columns=longest_prompt)
+        context = slots.context
+        context.enable_decode_mode()
+        context.batch_size_offset, context.sequence_len_offset = 0, slots.column
+        mask = slots.decode_mask()
+        logits = self._forward(slots.pending_A[:, None].to(self.device), mask, context)
+        slots.column += 1
+        return logits
+
+    def _admit(self, slots: CacheSlots, waiting: deque, input_ids_BP: torch.Tensor, keep_BP: torch.Tensor):
+        """Prefill waiting prompts into the free slots, each ending at the shared column (the column its
+        first token will be written at); returns their logits [k, V] in slot order (None: none admitted,
+        or not the last stage). Ragged: one forward per length bucket over its own columns (megatron's
         static context writes a bucket at rows batch_size_offset.. and columns sequence_len_offset..)."""
-        B, P = input_ids_BP.shape
-        if not self.ragged:
-            logits = self._forward(
-                input_ids_BP.to(self.device), attention_mask_for_megatron(keep_BP), context
-            )
-            return torch.arange(B), logits
-        lengths = keep_BP.sum(dim=1).tolist()
-        order = sorted(range(B), key=lambda b: (lengths[b], b))
-        causal_PP = torch.ones(P, P, dtype=torch.bool, device=self.device).tril()
+        free = slots.context.max_batch_size - len(slots)
+        rows = [waiting.popleft() for _ in range(min(free, len(waiting)))]
+        if not rows:
+            return None
+        end, first_slot = slots.column, len(slots)
+        lengths = keep_BP[rows].sum(dim=1).tolist()
+        order = sorted(range(len(rows)), key=lambda i: (lengths[i], rows[i]))
+        buckets = prefill_buckets([lengths[i] for i in order]) if self.ragged else [(0, len(rows))]
+        slots.add([rows[i] for i in order], [lengths[i] for i in order])
+        keep_kE = slots.keep_AC[first_slot:, :end]
+        causal_EE = torch.ones(end, end, dtype=torch.bool, device=self.device).tril()
+        context = slots.context
+        context.enable_prefill_mode()
         parts = []
-        # longest bucket first: it writes every column [0, P) of its rows, which allocates the cache
-        # (torch.empty); the other rows are then zeroed, since a bucket reads its rows' columns before its
-        # own, masked (softmax weight 0) but 0 x NaN garbage would still be NaN
-        for first, stop in reversed(prefill_buckets([lengths[b] for b in order])):
-            rows = torch.tensor(order[first:stop], device=self.device)
-            width = max(lengths[b] for b in order[first:stop])
-            context.batch_size_offset, context.sequence_len_offset = first, P - width
-            allowed = causal_PP[P - width :][None] & keep_BP[rows][:, None, :]  # [k, width, P]
-            ids = input_ids_BP[rows.cpu(), P - width :].to(self.device)
+        # longest bucket first: a first forward allocates the cache (torch.empty), and the rows and
+        # columns it did not write are then zeroed: a bucket reads its rows' earlier columns, masked
+        # (softmax weight 0), but 0 x NaN garbage would still be NaN
+        for first, stop in reversed(buckets):
+            width = max(lengths[i] for i in order[first:stop])
+            batch_rows = torch.tensor([rows[i] for i in order[first:stop]])
+            allocated = bool(context.key_value_memory_dict)
+            context.batch_size_offset = first_slot + first
+            context.sequence_len_offset = end - width
+            allowed = causal_EE[end - width :][None] & keep_kE[first:stop, None, :]  # [k, width, end]
+            ids = input_ids_BP[batch_rows, input_ids_BP.shape[1] - width :].to(self.device)
             parts.append(self._forward(ids, ~allowed[:, None], context))
-            if len(parts) == 1:
-                for keys, values in context.key_value_memory_dict.values():
-                    keys[:, :first], values[:, :first] = 0, 0
-        context.batch_size_offset, context.sequence_len_offset = 0, P
-        return torch.tensor(order), None if parts[0] is None else torch.cat(parts[::-1])
+            if not allocated:
+                _zero_unwritten(
+                    context, rows=(first_slot + first, first_slot + stop), columns=(end - width, end)
+                )
+        return None if parts[0] is None else torch.cat(parts[::-1])
 
     def _forward(self, ids_BS: torch.Tensor, mask: torch.Tensor, context) -> torch.Tensor | None:
         """One forward of S new tokens through this rank's stage; the last stage returns [B, V/t_g]."""
@@ -248,7 +277,7 @@ class MegatronRolloutEngine:
             return None
         return out[:, -1]  # static batching keeps only the last position's logits: [B, 1, V] -> [B, V]
 
-    def _sample(self, logits_BV, sampling: SamplingParams, seeds_B, position: int, B: int):
+    def _sample(self, logits_BV, sampling: SamplingParams, seeds_B, position, B: int):
         """Sample on the last stage's TP rank 0; every rank of the replica gets (tokens_B, logprobs_B)."""
         g = self.groups
         packed_B2 = torch.zeros(B, 2, dtype=torch.float64, device=self.device)  # token ids exact in f64
@@ -293,12 +322,10 @@ def prefill_buckets(sorted_lengths: Sequence[int], buckets: int = PREFILL_BUCKET
     return out[::-1]
 
 
-def _keep_cache_rows(context, rows_A: torch.Tensor) -> None:
-    """Move KV-cache rows `rows_A` (ascending) to the front of every layer's cache; megatron's static
-    attention reads and writes rows [0, batch) of it (attention.py `_adjust_key_value_for_inference`), so
-    the next forward of len(rows_A) rows continues exactly those sequences."""
-    for layer, (keys, values) in context.key_value_memory_dict.items():
-        n = len(rows_A)
-        keys[:, :n] = keys[:, rows_A]
-        values[:, :n] = values[:, rows_A]
-        context.key_value_memory_dict[layer] = (keys, values)
+def _zero_unwritten(context, rows: tuple[int, int], columns: tuple[int, int]) -> None:
+    """Zero every layer's freshly allocated cache except rows x columns, which the first forward wrote."""
+    for keys, values in context.key_value_memory_dict.values():
+        for cache in (keys, values):
+            written = cache[columns[0] : columns[1], rows[0] : rows[1]].clone()
+            cache.zero_()
+            cache[columns[0] : columns[1], rows[0] : rows[1]] = written

@@ -11,6 +11,7 @@ from hpcrl.reshard.generation import GenerationStore
 from hpcrl.reshard.transport import make_groups
 from hpcrl.rl.handoff import ReshardHandoff
 from hpcrl.rollout.base import SamplingParams, left_pad, row_seeds
+from hpcrl.rollout.cache_slots import CacheSlots
 from hpcrl.rollout.hf_engine import HFRolloutEngine, build_hf_causal_lm
 from hpcrl.rollout.megatron_engine import MegatronRolloutEngine
 from hpcrl.train.batch import TrainBatch
@@ -117,6 +118,21 @@ def generation_parity_rank(
         # the same model decoding every row to the end (the static batch before issue 25)
         static = MegatronRolloutEngine(engine.model, cfg, engine.groups, PAD, EOS, ragged=False)
         static_sampled = static.generate(PROMPTS, sampling, row_seeds(11, 0, len(PROMPTS)))
+        # continuous batching: 2 rows at once, the others join as rows finish (cache columns shifted)
+        two = MegatronRolloutEngine(engine.model, cfg, engine.groups, PAD, EOS, max_rows=2)
+        shifts = []
+        original_shift = CacheSlots.shift
+
+        def counting_shift(slots, keep_columns, _original=original_shift, _shifts=shifts):
+            before = slots.column
+            _original(slots, keep_columns)
+            _shifts.extend([before - slots.column] if slots.column != before else [])
+
+        CacheSlots.shift = counting_shift
+        try:
+            continuous = two.generate(PROMPTS, sampling, row_seeds(11, 0, len(PROMPTS)))
+        finally:
+            CacheSlots.shift = original_shift
         waves = [
             engine.generate(PROMPTS[a:b], sampling, row_seeds(11, a, b - a)) for a, b in ((0, 2), (2, 5))
         ]
@@ -139,6 +155,9 @@ def generation_parity_rank(
                 "bytes_received": metrics["reshard/bytes_received"],
                 "bound_bytes": reshard.plan.lower_bound_bytes(),
                 "static_ids": static_sampled.response_ids_BT,
+                "continuous_ids": continuous.response_ids_BT,
+                "continuous_logprobs": continuous.logprobs_BT,
+                "shifts": shifts,
                 "static_logprobs": static_sampled.logprobs_BT,
                 "sampled_logprobs": sampled.logprobs_BT,
                 "sampled_lengths": sampled.response_mask_BT.sum(dim=1).tolist(),

@@ -89,6 +89,19 @@ def test_rows_that_finish_leave_the_batch_without_changing_any_sample(results):
             torch.testing.assert_close(r["sampled_logprobs"], r["static_logprobs"], atol=LOGPROB_TOL, rtol=0)
 
 
+def test_continuous_batching_samples_what_the_whole_batch_does(results):
+    """2 rows decode at once, the other 3 prompts join as rows finish, the cache's columns shift when the
+    shared column reaches its end: every row's samples and log-probs are the whole batch's."""
+    assert any(r["shifts"] for rank_results in results for r in rank_results), "no column shift happened"
+    for rank, rank_results in enumerate(results):
+        for r in rank_results:
+            where = f"{r['layout']} rank {rank}"
+            assert torch.equal(r["continuous_ids"], r["sampled_ids"]), where
+            torch.testing.assert_close(
+                r["continuous_logprobs"], r["sampled_logprobs"], atol=LOGPROB_TOL, rtol=0
+            )
+
+
 def test_unseeded_samples_agree_within_a_replica_and_match_the_trainer(results):
     for i, layout in enumerate(LAYOUTS):
         by_replica: dict[int, torch.Tensor] = {}

@@ -191,7 +191,9 @@ def build_rollout_side(
     tokens = (tokenizer.pad_token_id, tokenizer.eos_token_id)
     kind = ENGINES[engine_name]
     if kind.builds_on_generation_groups:
-        engine = MegatronRolloutEngine.build(model_cfg, groups.engine, *tokens)
+        engine = MegatronRolloutEngine.build(
+            model_cfg, groups.engine, *tokens, max_rows=cfg.rollout.max_num_seqs
+        )
     else:  # hf, or vllm at t_g = 1 (its TP groups would span the world: a placement rule refuses t_g > 1)
         engine = build_rollout_engine(engine_name, cfg.rollout, model_cfg, *tokens)
     device = (
