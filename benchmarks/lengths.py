@@ -20,8 +20,11 @@ dp_imbalance = max / mean real tokens per DP rank (contiguous halves vs the bala
 Rollout (1 rank, hpcrl's megatron engine at t_g = 1, random weights: with a 16-token vocabulary the
 per-step EOS chance is ~1/16, so response lengths are geometric with mean ~16, the task's shape): the
 same prompts and per-row seeds, one padded prefill and every row decoded until the last one finishes
-(static batch) vs prefill in length buckets and rows leaving at EOS (`ragged`). Both produce the same samples (checked); tokens/s = generated
-tokens / generate seconds.
+(static batch) vs prefill in length buckets and rows leaving at EOS (`ragged`); and with
+`--max-num-seqs` rows at once (rollout.max_num_seqs), static waves of that many rows (what the RL job ran
+before) vs continuous batching (a finished row's slot taken by a waiting prompt). All produce the same
+samples (checked); tokens/s = generated tokens / generate seconds. The line before the last:
+`lengths: rollout at max_num_seqs=<n>: continuous/waves tokens/s ratio=<z>`.
 
 Last line: `lengths: train tokens/s ratio=<x> padding=<before>-><after> dp_imbalance=<before>-><after>
 rollout tokens/s ratio=<y>`; records go to <results-dir>/lengths.jsonl.
@@ -142,12 +145,16 @@ def train_rank(
     }
 
 
-def rollout_rank(rank: int, world: int, hidden: int, layers: int, batch_size: int, reps: int) -> dict:
-    """Generate seconds of the static and the ragged decode on the same weights, prompts and seeds."""
+def rollout_rank(
+    rank: int, world: int, hidden: int, layers: int, batch_size: int, at_once: int, reps: int
+) -> dict:
+    """Generate seconds of the static and the ragged decode, and of static waves and continuous batching
+    at `at_once` rows (rollout.max_num_seqs), on the same weights, prompts and seeds."""
     import torch
 
     from hpcrl.rollout.base import SamplingParams, row_seeds
     from hpcrl.rollout.megatron_engine import MegatronRolloutEngine
+    from hpcrl.rows import concat_rows, pad_columns
     from hpcrl.train.model import build_gpt_model, build_train_groups
 
     groups = build_train_groups(1, 1, 1)
@@ -155,21 +162,39 @@ def rollout_rank(rank: int, world: int, hidden: int, layers: int, batch_size: in
     _, prompts = long_tail_batch(batch_size)
     model = build_gpt_model(cfg, groups)
     pad, eos = 0, 2  # the char tokenizer's <pad> and </s> (hpcrl.data.tokenizer.SPECIAL_TOKENS)
-    engines = {
-        "static": MegatronRolloutEngine(model, cfg, groups, pad, eos, ragged=False),
-        "ragged": MegatronRolloutEngine(model, cfg, groups, pad, eos),
-    }
+    static = MegatronRolloutEngine(model, cfg, groups, pad, eos, ragged=False)
+    ragged = MegatronRolloutEngine(model, cfg, groups, pad, eos)
+    continuous = MegatronRolloutEngine(model, cfg, groups, pad, eos, max_rows=at_once)
     sampling = SamplingParams(max_new_tokens=MAX_NEW_TOKENS, temperature=1.0)
     seeds = row_seeds(7, 0, len(prompts))
-    seconds: dict[str, list[float]] = {name: [] for name in engines}
+    # what RolloutWorker did with rollout.max_num_seqs before: static waves of `at_once` rows
+    waves = [(a, min(a + at_once, len(prompts))) for a in range(0, len(prompts), at_once)]
+    runs = {
+        "static": lambda: static.generate(prompts, sampling, seeds),
+        "ragged": lambda: ragged.generate(prompts, sampling, seeds),
+        "waves": lambda: concat_rows(
+            [
+                pad_columns(
+                    static.generate(prompts[a:b], sampling, seeds[a:b]),
+                    MAX_NEW_TOKENS,
+                    {"response_ids_BT": pad},
+                )
+                for a, b in waves
+            ]
+        ),
+        "continuous": lambda: continuous.generate(prompts, sampling, seeds),
+    }
+    seconds: dict[str, list[float]] = {name: [] for name in runs}
     outputs = {}
     for rep in range(reps + 1):
-        for name, engine in engines.items():
+        for name, run in runs.items():
             start = time.perf_counter()
-            outputs[name] = engine.generate(prompts, sampling, seeds)
+            outputs[name] = run()
             if rep:
                 seconds[name].append(time.perf_counter() - start)
-    same = torch.equal(outputs["static"].response_ids_BT, outputs["ragged"].response_ids_BT)
+    same = all(
+        torch.equal(outputs["static"].response_ids_BT, out.response_ids_BT) for out in outputs.values()
+    )
     lengths = outputs["ragged"].response_mask_BT.sum(dim=1)
     return {
         "seconds": seconds,
@@ -204,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--max-num-seqs", type=int, default=16, help="rows at once: waves vs continuous")
     args = parser.parse_args(argv)
 
     from hpcrl.bench.records import Record, write_records
@@ -211,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
 
     shape = (args.hidden, args.layers)
     train = run_ranks(train_rank, 2, *shape, args.batch, args.micro_batch, args.reps, timeout_s=1800)[0]
-    rollout = run_ranks(rollout_rank, 1, *shape, args.batch, args.reps, timeout_s=1800)[0]
+    rollout = run_ranks(rollout_rank, 1, *shape, args.batch, args.max_num_seqs, args.reps, timeout_s=1800)[0]
     if not rollout["same_samples"]:
         raise SystemExit("lengths: the ragged decode sampled other tokens than the static batch")
     train_tps = {k: train["real_tokens"] / statistics.median(v) for k, v in train["seconds"].items()}
@@ -247,8 +273,27 @@ def main(argv: list[str] | None = None) -> int:
         )
         | {"extra": {k: rollout[k] for k in ("generated_tokens", "longest", "mean")} | {"batch": args.batch}},
     ]
+    records.append(
+        _record(
+            "rollout_tokens_per_s_capped",
+            gen_tps,
+            "continuous",
+            "waves",
+            "static_waves",
+            rollout["seconds"],
+            rollout["generated_tokens"],
+            reps,
+            "t_g=1",
+            size,
+        )
+        | {"extra": {"max_num_seqs": args.max_num_seqs, "batch": args.batch}}
+    )
     write_records(Path(args.results_dir), [Record(**fields) for fields in records])
     pad, imb = train["padding"], train["dp_imbalance"]
+    print(
+        f"lengths: rollout at max_num_seqs={args.max_num_seqs}: continuous/waves tokens/s "
+        f"ratio={gen_tps['continuous'] / gen_tps['waves']:.2f}"
+    )
     print(
         f"lengths: train tokens/s ratio={train_tps['new'] / train_tps['padded']:.2f} "
         f"padding={pad['padded']:.1%}->{pad['new']:.1%} "

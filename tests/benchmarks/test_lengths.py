@@ -32,8 +32,9 @@ def test_the_batch_holds_groups_of_one_prompt_with_long_tailed_lengths():
 @pytest.mark.dist
 def test_a_small_run_prints_the_issues_line_from_its_records(tmp_path, capsys):
     args = ["--results-dir", str(tmp_path), "--batch", "32", "--hidden", "32", "--layers", "1", "--reps", "1"]
-    assert main(args) == 0
-    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert main([*args, "--max-num-seqs", "4"]) == 0
+    out = capsys.readouterr().out
+    line = out.strip().splitlines()[-1]
     pattern = (
         r"lengths: train tokens/s ratio=([\d.]+) padding=([\d.]+)%->([\d.]+)% "
         r"dp_imbalance=([\d.]+)->([\d.]+) rollout tokens/s ratio=([\d.]+)"
@@ -47,3 +48,8 @@ def test_a_small_run_prints_the_issues_line_from_its_records(tmp_path, capsys):
     assert float(match[3]) < float(match[2])  # packing removed padding
     assert float(match[5]) <= float(match[4])  # balancing never makes it worse
     assert rollout["extra"]["generated_tokens"] > 0
+    capped = records["rollout_tokens_per_s_capped"]
+    above = out.strip().splitlines()[-2]
+    assert (
+        above == f"lengths: rollout at max_num_seqs=4: continuous/waves tokens/s ratio={capped['ratio']:.2f}"
+    )
