@@ -65,9 +65,10 @@ class CacheSlots:
             return
         live = (~finished_A).nonzero().flatten()
         rows = live.to(self.keep_AC.device)
+        used = self.column  # columns [0, column) hold data; the pending tokens are not written yet
         for keys, values in self.context.key_value_memory_dict.values():
-            keys[:, : len(live)] = keys[:, rows]
-            values[:, : len(live)] = values[:, rows]
+            keys[:used, : len(live)] = keys[:used, rows]
+            values[:used, : len(live)] = values[:used, rows]
         self.rows_A, self.positions_A = self.rows_A[live], self.positions_A[live]
         self.pending_A, self.keep_AC = self.pending_A[live], self.keep_AC[rows]
 
@@ -85,8 +86,8 @@ class CacheSlots:
             )
         n = len(self)
         for keys, values in self.context.key_value_memory_dict.values():
-            keys[: self.columns - by, :n] = keys[by:, :n].clone()
-            values[: self.columns - by, :n] = values[by:, :n].clone()
+            keys[: self.column - by, :n] = keys[by : self.column, :n].clone()
+            values[: self.column - by, :n] = values[by : self.column, :n].clone()
         self.keep_AC = torch.nn.functional.pad(self.keep_AC[:, by:], (0, by))
         self.column -= by
 

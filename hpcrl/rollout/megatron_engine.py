@@ -117,8 +117,8 @@ class MegatronRolloutEngine:
         """Sequences decoding at once (rollout.max_num_seqs; None: every prompt of a call); the others
         wait and join as rows finish."""
         self.ragged = ragged
-        """Prefill in length buckets and drop finished rows from the decode batch (False: the static
-        batch, one padded prefill and every row decoded until the last is done, which
+        """Prefill in length buckets and batch continuously (False: the static batch, one padded prefill
+        of every prompt and every row decoded until the last is done, `max_rows` ignored: what
         benchmarks/lengths.py measures against)."""
         sample = next(model.parameters())
         self.device, self.dtype = sample.device, sample.dtype
@@ -178,6 +178,8 @@ class MegatronRolloutEngine:
         every row decoded until the last one finishes."""
         from megatron.core.inference.contexts import StaticInferenceContext
 
+        if empty := [i for i, ids in enumerate(prompt_ids) if not len(ids)]:
+            raise ValueError(f"prompts {empty[:5]} are empty: a row needs a token to attend to")
         input_ids_BP, keep_BP = left_pad(prompt_ids, self.pad_id)
         B, P = input_ids_BP.shape
         T = sampling.max_new_tokens
@@ -241,13 +243,14 @@ class MegatronRolloutEngine:
         context = slots.context
         context.enable_prefill_mode()
         parts = []
-        # longest bucket first: a first forward allocates the cache (torch.empty), and the rows and
-        # columns it did not write are then zeroed: a bucket reads its rows' earlier columns, masked
+        # a first forward allocates the cache (torch.empty) and writes all columns [0, end) of its rows;
+        # the rows it did not write are then zeroed: a bucket reads its rows' earlier columns, masked
         # (softmax weight 0), but 0 x NaN garbage would still be NaN
         for first, stop in reversed(buckets):
-            width = max(lengths[i] for i in order[first:stop])
-            batch_rows = torch.tensor([rows[i] for i in order[first:stop]])
             allocated = bool(context.key_value_memory_dict)
+            # the allocating forward covers every column it reads, [0, end): nothing unwritten is read
+            width = max(lengths[i] for i in order[first:stop]) if allocated else end
+            batch_rows = torch.tensor([rows[i] for i in order[first:stop]])
             context.batch_size_offset = first_slot + first
             context.sequence_len_offset = end - width
             allowed = causal_EE[end - width :][None] & keep_kE[first:stop, None, :]  # [k, width, end]

@@ -19,13 +19,15 @@ sequence sees exactly what it sees alone, as a left-padded row already does.
 Outputs. The head runs on the packed rows (the [R, W, V] logits are the big tensors), then `unpack`
 gathers its [R, W] outputs back to [B, T], so every loss reads the padded micro-batch as before and
 every `loss_agg` is unchanged. Token t's log-prob comes from the output at its sequence's column t-1; a
-sequence's first token reads the previous sequence's last output, as a left-padded row's first token
-reads a pad's: no loss reads it (a response never starts a sequence), `unpack` zeroes padding.
+sequence's first token would read the previous sequence's last output, as a left-padded row's first token
+reads a pad's, so no loss may read it: `check_first_tokens` refuses a batch whose response starts a
+sequence (a prompt always precedes a response), and `unpack` zeroes padding.
 
 GPU: megatron's THD format (PackedSeqParams with cu_seqlens) needs Transformer Engine's attention, which
 hpcrl's local layer spec does not build; the dense block mask here runs on either device.
 
-Public: `PackedRows`, `packed_micro_batches`, `row_width`.
+Public: `PackedRows`, `packed_micro_batches`, `row_width`, `check_first_tokens`,
+`check_attention_takes_masks`.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hpcrl.errors import ConfigError, Problem
 from hpcrl.train.token_budget import fill_rows
 
 
@@ -117,6 +120,29 @@ class PackedRows:
         same_RWW = (seq_RW[:, :, None] == seq_RW[:, None, :]) & (seq_RW[:, :, None] >= 0)
         itself_WW = torch.eye(W, dtype=torch.bool, device=seq_RW.device)
         return ~((same_RWW & causal_WW) | itself_WW)[:, None]
+
+
+def check_attention_takes_masks(model: torch.nn.Module) -> None:
+    """Packed rows need an attention that applies the block mask it is given: megatron's local
+    DotProductAttention does; Transformer Engine's (the layer spec hpcrl.train.model builds on CUDA where
+    it is installed) applies its own mask type and ignores it, so packed sequences would attend across."""
+    if any(type(m).__name__ == "TEDotProductAttention" for m in model.modules()):
+        message = (
+            "packed rows need megatron's local attention (a block-diagonal mask); this model runs "
+            "Transformer Engine's, whose packed format (THD) hpcrl does not wire: set it false"
+        )
+        raise ConfigError(Problem(message, key="optim.pack_sequences"))
+
+
+def check_first_tokens(attention_mask_BT: torch.Tensor, response_mask_BT: torch.Tensor) -> None:
+    """Refuse a batch whose response starts a sequence: packed, that token's log-prob would come from the
+    previous sequence (module doc)."""
+    real_BT = attention_mask_BT.bool()
+    first_BT = real_BT.clone()
+    first_BT[:, 1:] &= ~real_BT[:, :-1]
+    if bool((first_BT & response_mask_BT.bool()).any()):
+        rows = (first_BT & response_mask_BT.bool()).any(dim=1).nonzero().flatten().tolist()
+        raise ValueError(f"rows {rows[:5]}: a response token starts its sequence, so it cannot be packed")
 
 
 def _check_contiguous(keep_BT: torch.Tensor, lengths: list[int], starts: list[int]) -> None:

@@ -48,7 +48,12 @@ from hpcrl.train.model import (
     build_model_from_hf,
     gather_full_state_dict,
 )
-from hpcrl.train.packing import PackedRows, packed_micro_batches
+from hpcrl.train.packing import (
+    PackedRows,
+    check_attention_takes_masks,
+    check_first_tokens,
+    packed_micro_batches,
+)
 from hpcrl.train.pipeline import LossFn, run_micro_batch
 from hpcrl.train.update import UpdateStep, build_update
 
@@ -77,6 +82,8 @@ class Trainer:
         self.max_tokens_per_micro_batch = micro_batching.max_tokens_per_micro_batch
         self.pack_sequences = micro_batching.pack_sequences if pack_sequences is None else pack_sequences
         """Run micro-batches as packed rows (hpcrl.train.packing); a frozen model takes the actor's choice."""
+        if self.pack_sequences:
+            check_attention_takes_masks(model)
         self.update_step: UpdateStep | None = None  # None for a reference model
         if optim_cfg is not None:
             lr = lr if lr is not None else optim_cfg.lr
@@ -123,6 +130,7 @@ class Trainer:
         None: an update does not need them) or micro_batch_size rows."""
         budget = self.max_tokens_per_micro_batch
         if self.pack_sequences:
+            check_first_tokens(batch.attention_mask_BT, batch.response_mask_BT)
             cut = packed_micro_batches(
                 batch.attention_mask_BT.cpu(),
                 micro_batch_size=micro_batch_size,

@@ -97,6 +97,7 @@ def test_continuous_batching_samples_what_the_whole_batch_does(results):
         for r in rank_results:
             where = f"{r['layout']} rank {rank}"
             assert torch.equal(r["continuous_ids"], r["sampled_ids"]), where
+            assert torch.equal(r["short_first_ids"], r["sampled_ids"]), f"{where}: short prompts first"
             torch.testing.assert_close(
                 r["continuous_logprobs"], r["sampled_logprobs"], atol=LOGPROB_TOL, rtol=0
             )

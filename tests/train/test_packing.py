@@ -15,7 +15,13 @@ from hypothesis import strategies as st
 
 from hpcrl import cli
 from hpcrl.distributed.spawn import run_ranks
-from hpcrl.train.packing import PackedRows, packed_micro_batches, row_width
+from hpcrl.train.packing import (
+    PackedRows,
+    check_attention_takes_masks,
+    check_first_tokens,
+    packed_micro_batches,
+    row_width,
+)
 from hpcrl.train.token_budget import fill_rows
 
 LOSS_AGGS = ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean", "seq_mean_token_sum_norm")
@@ -88,6 +94,28 @@ def test_rows_never_overflow_and_hold_every_sequence(lengths, extra):
     assert (
         sum(sum(lengths[i] for i in row) * 2 <= capacity for row in rows if any(lengths[i] for i in row)) <= 1
     )
+
+
+def test_a_response_that_starts_its_sequence_is_refused():
+    attention = torch.tensor([[False, True, True], [True, True, True]])
+    response = torch.tensor([[False, True, True], [False, False, True]])  # row 0: no prompt before it
+    with pytest.raises(ValueError, match=r"rows \[0\]: a response token starts its sequence"):
+        check_first_tokens(attention, response)
+    check_first_tokens(attention, torch.tensor([[False, False, True], [False, True, True]]))
+
+
+def test_transformer_engines_attention_is_refused_naming_the_key():
+    """A stand-in named as Transformer Engine's attention class (TE needs a GPU, not here): its mask type
+    would override the block mask, so packing refuses the model instead of attending across sequences."""
+    from hpcrl.errors import ConfigError
+
+    class TEDotProductAttention(torch.nn.Module):  # noqa: N801 - the name is what is checked
+        pass
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), TEDotProductAttention())
+    with pytest.raises(ConfigError, match="optim.pack_sequences"):
+        check_attention_takes_masks(model)
+    check_attention_takes_masks(torch.nn.Sequential(torch.nn.Linear(2, 2)))
 
 
 def test_a_sequence_with_a_hole_is_refused():
