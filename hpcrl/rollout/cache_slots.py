@@ -92,6 +92,7 @@ class CacheSlots:
         self.column -= by
 
     def decode_mask(self) -> torch.Tensor:
-        """Megatron's mask [A, 1, 1, column + 1] for the slots' pending tokens written at `column`."""
+        """Megatron's mask [A, 1, 1, column + 1] for the slots' pending tokens written at `column`; marks
+        that column as read by every slot from now on (the one place `keep_AC` grows in a decode)."""
         self.keep_AC[:, self.column] = True
         return ~self.keep_AC[:, None, None, : self.column + 1]

@@ -189,8 +189,8 @@ class MegatronRolloutEngine:
         tokens_BT = torch.full((B, T), self.pad_id, dtype=torch.long)
         logprobs_BT = torch.zeros(B, T)
         seeds_B = None if seeds is None else torch.tensor(list(seeds), dtype=torch.long)
-        done_A = torch.zeros(0, dtype=torch.bool)  # static batch: which rows sampled EOS
         logits_AV = self._admit(slots, waiting, input_ids_BP, keep_BP)
+        done_A = torch.zeros(len(slots), dtype=torch.bool)  # static batch (all rows, never dropped): finished
         while len(slots):
             seeds_A = None if seeds_B is None else seeds_B[slots.rows_A]
             tokens_A, logprobs_A = self._sample(logits_AV, sampling, seeds_A, slots.positions_A, len(slots))
@@ -201,7 +201,7 @@ class MegatronRolloutEngine:
             if self.ragged:
                 slots.drop(finished_A)
             else:
-                done_A = finished_A | (done_A if len(done_A) else finished_A)
+                done_A |= finished_A
                 if bool(done_A.all()):
                     break
             parts = [self._decode(slots, P)] if len(slots) else []
