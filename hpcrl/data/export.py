@@ -13,10 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 
 from hpcrl.data.tasks import get_task, make_splits
+from hpcrl.errors import ConfigError
 
 
 def task_rows(task: str, num_digits: int, train_size: int, heldout_size: int, seed: int) -> list[dict]:
@@ -47,8 +49,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="the built-in source's data.shuffle_seed")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    rows = task_rows(args.task, args.num_digits, args.train_size, args.heldout_size, args.seed)
-    write_jsonl(rows, args.out)
+    try:
+        rows = task_rows(args.task, args.num_digits, args.train_size, args.heldout_size, args.seed)
+        write_jsonl(rows, args.out)
+    except ConfigError as err:
+        print(f"hpcrl.data.export: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        print(f"hpcrl.data.export: cannot write {str(args.out)!r}: {err.strerror}", file=sys.stderr)
+        return 2
     print(f"{len(rows)} rows -> {args.out}")
     return 0
 

@@ -33,3 +33,16 @@ def test_the_committed_dataset_is_todays_export(tmp_path):
     out = tmp_path / "fresh.jsonl"
     main([*ARGS, "--out", str(out)])
     assert out.read_bytes() == COMMITTED.read_bytes(), "rerun: python -m hpcrl.data.export " + " ".join(ARGS)
+
+
+def test_bad_arguments_are_exit_2_and_write_nothing(tmp_path, capsys):
+    out = tmp_path / "x\n$(touch pwned);.jsonl"
+    assert main(["no_such_task", "--out", str(out)]) == 2
+    assert "no_such_task" in capsys.readouterr().err
+    assert main(["long_tail", "--heldout_size", "0", "--train_size", "0", "--out", str(out)]) == 2
+    assert "data.train_size" in capsys.readouterr().err
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    assert main(["long_tail", "--out", str(blocked / "sub" / "d.jsonl")]) == 2
+    assert "cannot write" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"] and not (tmp_path / "pwned").exists()
