@@ -18,6 +18,7 @@ import math
 import os
 import re
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,15 +126,13 @@ class MlflowTracker:
         with _file_store_allowed():
             self.client = MlflowClient(tracking_uri=self.uri)
             experiment_id = self._experiment(run.group)
-            found = self.client.search_runs(
-                [experiment_id], filter_string=f"tags.`hpcrl.run_id` = '{run.run_id}'", max_results=1
-            )
+            found = self._earlier_run(experiment_id, run.run_id)
             self.last_steps: dict[str, int] = {}
             """Per metric key, the last step the MLflow run holds: a point is logged once, per key."""
-            if found:
-                self.run_id = found[0].info.run_id
+            if found is not None:
+                self.run_id = found
                 self.client.update_run(self.run_id, status="RUNNING")
-                for key in found[0].data.metrics:
+                for key in self.client.get_run(self.run_id).data.metrics:
                     history = self.client.get_metric_history(self.run_id, key)
                     self.last_steps[key] = max((m.step for m in history), default=-1)
             else:
@@ -144,6 +143,24 @@ class MlflowTracker:
                 params = [Param(mlflow_key(k), v[:6000]) for k, v in sorted(run.params.items())]
                 for start in range(0, len(params), 100):  # MLflow takes 100 params a batch
                     self.client.log_batch(self.run_id, params=params[start : start + 100])
+
+    def _earlier_run(self, experiment_id: str, hpcrl_run_id: str) -> str | None:
+        """The MLflow run an earlier attempt of this element created, if any.
+
+        In a file store the run is found by its tag file, and only its own metric files are read, after
+        `repair_metric_files`: MLflow's search reads every run of the experiment, and a file another
+        element is appending to at that moment, or one a SIGKILL cut, makes it raise."""
+        store = file_store_path(self.uri)
+        if store is None:
+            found = self.client.search_runs(
+                [experiment_id], filter_string=f"tags.`hpcrl.run_id` = '{hpcrl_run_id}'", max_results=1
+            )
+            return found[0].info.run_id if found else None
+        for tag in sorted((store / experiment_id).glob("*/tags/hpcrl.run_id")):
+            if tag.read_text(errors="replace") == hpcrl_run_id:
+                repair_metric_files(tag.parent.parent / "metrics")
+                return tag.parent.parent.name
+        return None
 
     def _experiment(self, name: str) -> str:
         found = self.client.get_experiment_by_name(name)
@@ -180,6 +197,29 @@ class MlflowTracker:
     def close(self, completed: bool) -> None:
         with _file_store_allowed():
             self.client.set_terminated(self.run_id, status="FINISHED" if completed else "KILLED")
+
+
+def file_store_path(uri: str) -> Path | None:
+    """The directory of a `file:` tracking URI (MLflow's file store), None for a server."""
+    parsed = urllib.parse.urlparse(uri)
+    return Path(urllib.parse.unquote(parsed.path)) if parsed.scheme == "file" else None
+
+
+def repair_metric_files(metrics_dir: Path) -> None:
+    """Cut each metric file of one MLflow run back to its last whole point.
+
+    The file store appends one line "<timestamp> <value> <step>" per point (open, then write): a SIGKILL
+    can leave a file empty or its last line torn, which MLflow's reader refuses ("malformed") or misreads
+    (a torn line of two fields reads as step 0). Only the element's own run is repaired, when a new
+    attempt opens it: no other process writes that run then. The lost points are logged again by
+    `catch_up`."""
+    for path in sorted(p for p in metrics_dir.rglob("*") if p.is_file()):
+        data = path.read_bytes()
+        whole = data[: data.rfind(b"\n") + 1]
+        if not whole:
+            path.unlink()
+        elif whole != data:
+            os.truncate(path, len(whole))
 
 
 def mlflow_key(name: str) -> str:

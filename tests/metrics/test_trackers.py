@@ -86,6 +86,40 @@ def test_mlflow_catches_up_a_batch_a_sigkill_cut_short_and_logs_each_point_once(
     assert got == rows and params == {"seed": "1"} and tags["status"] == "FINISHED"
 
 
+def test_mlflow_resumes_a_run_whose_metric_files_a_sigkill_left_empty_or_torn(tmp_path):
+    """The file store appends a line per point (open, then write): a SIGKILL leaves a file empty or its
+    last line torn, which MLflow's own reader refuses. The next attempt cuts its own run's files back to
+    whole points and logs the rest again; another element's file being written (empty) is not read or
+    touched, though MLflow's search would raise on it."""
+    from hpcrl.metrics.config import MlflowConfig
+    from hpcrl.metrics.trackers import MlflowTracker, TrackedRun
+
+    run = TrackedRun("fp-3-ef", "c0ffee", "sweep", tmp_path, tmp_path, {}, {})
+    other = MlflowTracker(MlflowConfig(), TrackedRun("fp-4-01", "d00d", "sweep", tmp_path, tmp_path, {}, {}))
+    rows = [{"step": s, "a": 1.0 * s, "r/b": 10.0 * s} for s in range(4)]
+    killed = MlflowTracker(MlflowConfig(), run)
+    killed.log(rows[0])
+    killed.log(rows[1])
+    metrics = next((tmp_path / "mlruns").glob(f"*/{killed.run_id}/metrics"))
+    torn = (metrics / "a").read_bytes()
+    (metrics / "a").write_bytes(torn[: torn.rfind(b" ")])  # step 1's line cut inside its step field
+    (metrics / "r" / "b").write_bytes(b"")  # created, never written
+    (metrics / "r" / "c").write_bytes(b"")
+    busy = next((tmp_path / "mlruns").glob(f"*/{other.run_id}")) / "metrics" / "being_written"
+    busy.parent.mkdir(exist_ok=True)
+    busy.write_bytes(b"")
+    resumed = MlflowTracker(MlflowConfig(), run)
+    assert resumed.run_id == killed.run_id and resumed.last_steps == {"a": 0}
+    resumed.catch_up(rows[:2])
+    resumed.log(rows[2])
+    resumed.log(rows[3])
+    resumed.close(completed=True)
+    assert busy.read_bytes() == b""  # another element's file, left as it is
+    busy.unlink()
+    got, _, tags = _mlflow_history(tmp_path, store=tmp_path / "mlruns", run_id=killed.run_id)
+    assert got == rows and tags["status"] == "FINISHED"
+
+
 def test_wandb_sends_again_only_the_steps_it_had_not_written(tmp_path):
     """A resumed attempt reads the run's W&B transaction logs (hpcrl.metrics.wandb_log) and sends the
     steps after the last one written: each step once, in order, across two offline runs of one id."""
@@ -129,9 +163,9 @@ def test_a_tracker_gets_finite_numbers_only():
 
 
 def _mlflow_history(
-    run_root: Path, store: Path | None = None
+    run_root: Path, store: Path | None = None, run_id: str | None = None
 ) -> tuple[list[dict], dict[str, str], dict[str, str]]:
-    """(rows by step, params, tags) of the one MLflow run in the sweep's file store."""
+    """(rows by step, params, tags) of the one MLflow run (or run `run_id`) in the sweep's file store."""
     from mlflow.tracking import MlflowClient
 
     from hpcrl.metrics.trackers import _file_store_allowed
@@ -141,7 +175,10 @@ def _mlflow_history(
     with _file_store_allowed():
         client = MlflowClient(tracking_uri=store.resolve().as_uri())
         [experiment] = [e for e in client.search_experiments() if e.name != "Default"]
-        [run] = client.search_runs([experiment.experiment_id])
+        if run_id is None:
+            [run] = client.search_runs([experiment.experiment_id])
+        else:
+            run = client.get_run(run_id)
         rows: dict[int, dict] = {}
         metrics_dir = store / experiment.experiment_id / run.info.run_id / "metrics"
         for key in (f.relative_to(metrics_dir).as_posix() for f in metrics_dir.rglob("*") if f.is_file()):
@@ -149,6 +186,18 @@ def _mlflow_history(
                 assert key not in rows.setdefault(point.step, {"step": point.step}), (key, point.step)  # once
                 rows[point.step][key] = point.value
     return [rows[s] for s in sorted(rows)], run.data.params, run.data.tags | {"status": run.info.status}
+
+
+def _mlflow_whole_steps(run_root: Path) -> list[int]:
+    """The steps of which the one MLflow run holds every point written whole, read from the file store's
+    files as they are (a line "<timestamp> <value> <step>" per point)."""
+    [metrics_dir] = run_root.glob("*/mlruns/*/*/metrics")
+    steps_per_key = [
+        {int(line.split()[2]) for line in f.read_text().splitlines(keepends=True) if line.endswith("\n")}
+        for f in metrics_dir.rglob("*")
+        if f.is_file()
+    ]
+    return sorted(set.union(*steps_per_key)) if steps_per_key else []
 
 
 def _jsonl_rows(run_dir: Path) -> list[dict]:
@@ -186,7 +235,7 @@ def test_wandb_and_mlflow_hold_every_step_once_equal_to_metrics_jsonl_after_a_si
     run_dir = run_dir_of(root)
     killed_at, resumed_at = steps_logged(run_dir), latest_step(run_dir / "checkpoints")
     assert resumed_at is not None and resumed_at < killed_at < STEPS, (resumed_at, killed_at)
-    sent_before = [r["step"] for r in _mlflow_history(root)[0]]
+    sent_before = _mlflow_whole_steps(root)  # read as written: a file may be cut (MLflow's reader raises)
     assert sent_before and sent_before == list(range(len(sent_before))), sent_before
     assert len(sent_before) <= resumed_at, (sent_before, resumed_at, killed_at)  # none that is redone
 
