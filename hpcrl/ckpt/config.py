@@ -54,6 +54,10 @@ class CheckpointConfig:
     """Rank 0 waits this long for every rank's file of a save before the save fails (not committed)."""
 
 
+HF_EXPORT_DIR = "hf"
+"""The final HF export's name under the run dir (hpcrl.stages.export; a pipeline's `${stages.NAME.hf}`)."""
+
+
 def checkpoint_root(cfg: CheckpointConfig, run_dir: str | Path) -> Path:
     """Where a run's checkpoints go: `checkpoint.dir`, else the run directory's `checkpoints/`."""
     return Path(cfg.dir) if cfg.dir else Path(run_dir) / "checkpoints"

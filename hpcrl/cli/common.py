@@ -120,6 +120,17 @@ def cell(value: Any):
     return Text(cut(str(value), CELL_CHARS))
 
 
+def element_record(element) -> dict:
+    """One resolved element as `expand --json` prints it: index, config id, swept values, run dir, config."""
+    return {
+        "index": element.index,
+        "config_id": element.config_id,
+        "swept": element.swept,
+        "run_dir": str(element.run_dir),
+        "config": element.data,
+    }
+
+
 def print_config_if_asked(args, sweep) -> bool:
     """--print_config: write the first element's resolved config to stdout; True if it did."""
     if args.print_config is None:

@@ -5,8 +5,16 @@ from __future__ import annotations
 import json
 import sys
 
-from hpcrl.cli.common import add_template_arguments, cell, overrides_from, print_config_if_asked
+from hpcrl.cli.common import (
+    add_template_arguments,
+    cell,
+    element_record,
+    overrides_from,
+    print_config_if_asked,
+)
+from hpcrl.cli.pipeline import expand_pipeline
 from hpcrl.experiment.resolve import resolve
+from hpcrl.pipeline.spec import is_pipeline_file
 from hpcrl.progress import DelayedProgress
 
 HELP = "Resolve a template (and its sweep) and print every element: index, config id, swept values."
@@ -25,20 +33,15 @@ as it is made (rich lays out a whole table in memory first: minutes and ~GBs for
 
 
 def main(args) -> int:
+    if is_pipeline_file(args.template):
+        return expand_pipeline(args)
     with DelayedProgress() as track:
         sweep = resolve(args.template, overrides_from(args), track=track)
     if print_config_if_asked(args, sweep):
         return 0
     if args.json:
         for e in sweep.elements:
-            record = {
-                "index": e.index,
-                "config_id": e.config_id,
-                "swept": e.swept,
-                "run_dir": str(e.run_dir),
-                "config": e.data,
-            }
-            sys.stdout.write(json.dumps(record) + "\n")
+            sys.stdout.write(json.dumps(element_record(e)) + "\n")
         return 0
     if len(sweep.elements) > TABLE_ROWS:
         _print_lines(sweep)

@@ -4,7 +4,8 @@ Prints one table per element (component, phase, bytes, formula) with the device 
 accelerator of the cluster profile (A100 80GB when unnamed) and host RAM per rank. Exit 0 when every
 element is predicted to fit, 1 when one is not (the problems are listed), 2 on config errors.
 Model dims come from `model.hf_path`'s config.json where it is readable here (the template's own values
-checked against it), else from the template alone (hpcrl.train.hf_config).
+checked against it), else from the template alone (hpcrl.train.hf_config). A pipeline file: every stage,
+each with the model it starts from (an upstream stage's export: that stage's model, hpcrl.pipeline.plan).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import json
 
 from hpcrl.cli.common import add_template_arguments, overrides_from
 from hpcrl.experiment.resolve import resolve
+from hpcrl.pipeline.plan import plan_pipeline
+from hpcrl.pipeline.spec import is_pipeline_file
 from hpcrl.plan.stages import plan_of
 
 HELP = "Predict per-rank accelerator memory and host RAM of a template's configs (memory preflight)."
@@ -64,18 +67,24 @@ def plan_table(plan, title: str):
 def main(args) -> int:
     from rich.console import Console
 
-    sweep = resolve(args.template, overrides_from(args))
+    if is_pipeline_file(args.template):  # each stage, with the model it starts from (an upstream export's)
+        pipeline = plan_pipeline(args.template, overrides_from(args))
+        stages = [(f"stage {s.name}: ", {"stage": s.name}, s.sweep, s.checked_as) for s in pipeline.stages]
+    else:
+        sweep = resolve(args.template, overrides_from(args))
+        stages = [("", {}, sweep, sweep)]
     console = Console(width=200)
     problems: list[str] = []
-    for element in sweep.elements:
-        plan = plan_of(element.config)
-        problems += [f"element {element.index} ({element.config_id}): {p}" for p in plan.problems()]
-        if args.json:
-            print(json.dumps(_as_json(element, plan)))
-        else:
-            console.print(
-                plan_table(plan, f"{sweep.template} [{element.index}] {element.config_id} {plan.layout}")
-            )
+    for label, tag, sweep, checked_as in stages:
+        for element, planned in zip(sweep.elements, checked_as.elements, strict=True):
+            plan = plan_of(planned.config)
+            where = f"{label}element {element.index} ({element.config_id})"
+            problems += [f"{where}: {p}" for p in plan.problems()]
+            if args.json:
+                print(json.dumps(tag | _as_json(element, plan)))
+            else:
+                title = f"{label}{sweep.template} [{element.index}] {element.config_id} {plan.layout}"
+                console.print(plan_table(plan, title))
     errors = Console(stderr=True, width=200) if args.json else console  # keep --json stdout pure JSON
     for problem in problems:
         errors.print(f"[bold red]predicted not to fit:[/] {problem}")

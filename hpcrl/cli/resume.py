@@ -16,11 +16,13 @@ import dataclasses
 from typing import Any
 
 from hpcrl.cli.common import add_override_arguments, overrides_from, print_notes
+from hpcrl.cli.pipeline import resume_pipeline
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.resolve import element_problems
 from hpcrl.launcher import preflight, sweeps
 from hpcrl.launcher.memory_preflight import memory_preflight
 from hpcrl.launcher.sweep_manifest import Manifest, load_manifest
+from hpcrl.pipeline.manifest import is_pipeline_dir
 
 HELP = (
     "Resubmit the failed, cancelled, timed-out and lost elements of a sweep; --cluster.KEY VALUE "
@@ -32,7 +34,7 @@ OVERRIDES_HELP = """\
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("sweep", help="Sweep directory.")
+    parser.add_argument("sweep", help="Sweep or pipeline directory.")
     parser.add_argument(
         "--ignore_memory_plan",
         action="store_true",
@@ -42,6 +44,8 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
+    if is_pipeline_dir(args.sweep):
+        return resume_pipeline(args)
     overrides = overrides_from(args)
     problems = sweeps.resume_override_problems(overrides)
     if problems:

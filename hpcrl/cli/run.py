@@ -10,11 +10,13 @@ local processes (torchrun-style environment) supervised as one job (hpcrl.launch
 from __future__ import annotations
 
 from hpcrl.cli.common import add_template_arguments, overrides_from, print_config_if_asked
+from hpcrl.cli.pipeline import run_pipeline
 from hpcrl.errors import ConfigError, Problem
-from hpcrl.experiment.resolve import resolve
+from hpcrl.experiment.resolve import ResolvedConfig, resolve
 from hpcrl.launcher import local, sweeps
 from hpcrl.launcher.element import run_element, scoped_environ
 from hpcrl.lifecycle import Lifecycle
+from hpcrl.pipeline.spec import is_pipeline_file
 from hpcrl.progress import DelayedProgress
 
 HELP = "Run one resolved config of a template on this machine (foreground); prints the run dir first."
@@ -26,6 +28,8 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
+    if is_pipeline_file(args.template):
+        return run_pipeline(args, run_resolved)
     with DelayedProgress() as track:
         sweep = resolve(args.template, overrides_from(args), track=track)
     if print_config_if_asked(args, sweep):
@@ -41,7 +45,11 @@ def main(args) -> int:
     index = args.index or 0
     if not 0 <= index < len(sweep.elements):
         raise ConfigError(Problem(f"--index {index} is outside 0..{len(sweep.elements) - 1}", key="--index"))
-    element = sweep.elements[index]
+    return run_resolved(sweep.elements[index])
+
+
+def run_resolved(element: ResolvedConfig) -> int:
+    """Write the element's config into its run dir and run it here; the exit code of the module docstring."""
     problems = sweeps.run_root_problems([element.config.run_root])
     if problems:
         raise ConfigError(problems)

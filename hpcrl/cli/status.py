@@ -13,20 +13,24 @@ import sys
 from collections import Counter
 
 from hpcrl.cli.common import cell
+from hpcrl.cli.pipeline import status_pipeline
 from hpcrl.errors import printable
 from hpcrl.launcher import sweeps
 from hpcrl.launcher.sweep_manifest import FINAL, load_manifest
+from hpcrl.pipeline.manifest import is_pipeline_dir
 
 HELP = "Show the state of every element of a sweep, and why, with a progress summary."
 REASON_WIDTH = 60
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("sweep", help="Sweep directory (printed by submit).")
+    parser.add_argument("sweep", help="Sweep or pipeline directory (printed by submit).")
     parser.add_argument("--json", action="store_true", help="Print one JSON object.")
 
 
 def main(args) -> int:
+    if is_pipeline_dir(args.sweep):
+        return status_pipeline(args)
     notes: list[str] = []
     manifest = sweeps.refresh(load_manifest(args.sweep), notes)
     for note in notes:

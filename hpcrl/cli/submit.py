@@ -19,10 +19,12 @@ import sys
 from pathlib import Path
 
 from hpcrl.cli.common import add_template_arguments, overrides_from, print_config_if_asked, print_notes
+from hpcrl.cli.pipeline import submit_pipeline
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.resolve import resolve
 from hpcrl.launcher import preflight, sweeps
 from hpcrl.launcher.memory_preflight import memory_preflight
+from hpcrl.pipeline.spec import is_pipeline_file
 from hpcrl.progress import DelayedProgress, Track
 
 HELP = "Submit a template's sweep as array job(s) (non-blocking); --dry-run renders the sbatch script only."
@@ -52,6 +54,8 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
+    if is_pipeline_file(args.template):
+        return submit_pipeline(args)
     with DelayedProgress() as track:
         return _submit(args, track)
 

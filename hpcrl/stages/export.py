@@ -15,12 +15,10 @@ import shutil
 from pathlib import Path
 
 from hpcrl.ckpt.commit import read_latest, step_of
+from hpcrl.ckpt.config import HF_EXPORT_DIR
 from hpcrl.ckpt.export import export_hf
 
 log = logging.getLogger(__name__)
-
-HF_DIR = "hf"
-"""The export's name under the run dir (a pipeline's `${stages.NAME.hf}`)."""
 
 
 def export_final_model(checkpoint_root: Path, run_dir: Path, prefix: str, steps: int) -> Path | None:
@@ -30,12 +28,12 @@ def export_final_model(checkpoint_root: Path, run_dir: Path, prefix: str, steps:
     if latest is None or step_of(latest) != steps:
         log.warning("no HF export: the last committed checkpoint is not the final step %d", steps)
         return None
-    out = run_dir / HF_DIR
-    tmp = run_dir / f".{HF_DIR}.tmp-{os.getpid()}"
+    out = run_dir / HF_EXPORT_DIR
+    tmp = run_dir / f".{HF_EXPORT_DIR}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     export_hf(latest, tmp, prefix=prefix)
     if out.exists():
-        old = run_dir / f".{HF_DIR}.old-{os.getpid()}"
+        old = run_dir / f".{HF_EXPORT_DIR}.old-{os.getpid()}"
         os.replace(out, old)
         os.replace(tmp, out)
         shutil.rmtree(old, ignore_errors=True)

@@ -88,7 +88,9 @@ def shown_tables() -> list[tuple[str, list[str], list[list[str]]]]:
                 if header and rows:
                     out.append((template, header, rows))
                 header, rows = None, []
-                template = next((arg for arg in shlex.split(line[2:]) if arg.endswith(".yaml")), template)
+                template = next(
+                    (arg for arg in shlex.split(line[2:], comments=True) if arg.endswith(".yaml")), template
+                )
             elif line.startswith("┃"):
                 header = [cell.strip() for cell in line.strip("┃ ").split("┃")]
             elif line.startswith("│") and header:

@@ -20,10 +20,10 @@ PARTIAL = {"smollm2_grpo", "grpo_tiny_vllm", "distill_tiny"}
 """Templates whose caller fills required fields (benchmarks/smollm2.py sets model.hf_path and data.path;
 benchmarks/vllm_rl.py sets grpo_tiny_vllm's model.hf_path and runs it in the vLLM venv, the vLLM tier;
 distill_tiny's user names its teacher, algorithm.teacher_path)."""
-TEMPLATES = sorted(  # experiment templates: not benchmark suites (`programs:`), not partial `*-base.yaml`
+TEMPLATES = sorted(  # experiment templates: not suites (`programs:`) or pipelines, not partial `*-base.yaml`
     p
     for p in (REPO / "templates").rglob("*.yaml")
-    if "programs" not in yaml.safe_load(p.read_text())
+    if not {"programs", "stages"} & set(yaml.safe_load(p.read_text()))  # a suite, a pipeline (tests/pipeline)
     and not p.stem.endswith("-base")
     and p.stem not in PARTIAL
 )

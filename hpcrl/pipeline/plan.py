@@ -1,0 +1,211 @@
+"""A pipeline file -> every stage resolved and checked, in dependency order, before anything is written.
+
+Each stage is its template resolved as `hpcrl expand` resolves one (hpcrl.experiment.resolve), with its
+`set` values (references replaced by the upstream outputs' paths) and then the command line's overrides
+(which apply to every stage, and win). Its outputs are known before it runs: the run directory is the
+config id's, the HF export is `<run_dir>/hf` (hpcrl.stages.export), the checkpoint root `checkpoint.dir`
+or `<run_dir>/checkpoints`; so a consumer's config, id and run directory are fixed at submit.
+
+A consumer's rules meet the model it will load: where `model.hf_path` is an upstream stage's export (a
+path that does not exist yet), the stage is checked a second time as if it started from the upstream
+model itself (its own `hf_path`, or its architecture fields): a layout that cannot split the SFT model
+is refused at `expand`/`submit`, not on a compute node at 3 a.m. Every problem of every stage is
+collected and raised together, each naming its stage, file and key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hpcrl.ckpt.config import HF_EXPORT_DIR, checkpoint_root
+from hpcrl.errors import ConfigError, Problem
+from hpcrl.experiment.elements import ResolvedConfig
+from hpcrl.experiment.resolve import Sweep, resolve
+from hpcrl.pipeline.refs import Reference, substitute
+from hpcrl.pipeline.spec import PipelineSpec, StageSpec, load_pipeline
+from hpcrl.progress import Track, untracked
+from hpcrl.train.config import ARCHITECTURE_FIELDS
+
+MODEL_PATH = "model.hf_path"
+
+
+@dataclass(frozen=True)
+class PlannedStage:
+    spec: StageSpec
+    sweep: Sweep
+    overrides: dict[str, Any]
+    """What the stage's template was resolved with: its `set` (references replaced), then the command
+    line's overrides."""
+    checked_as: Sweep
+    """The sweep as checked with the model it starts from (an upstream export: resolved with that model's
+    own `hf_path` or dims), which the memory plan reads; else `sweep` itself."""
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    spec: PipelineSpec
+    stages: list[PlannedStage]
+    """In dependency order."""
+
+    def stage(self, name: str) -> PlannedStage:
+        return next(s for s in self.stages if s.name == name)
+
+
+def output_path(element: ResolvedConfig, output: str) -> Path:
+    """Where element `element` leaves `output` (hpcrl.pipeline.refs.OUTPUTS)."""
+    if output == "hf":
+        return element.run_dir / HF_EXPORT_DIR
+    if output == "checkpoint":
+        return checkpoint_root(element.config.checkpoint, element.run_dir).absolute()
+    return element.run_dir
+
+
+def plan_pipeline(
+    path: str | Path, overrides: dict[str, Any] | None = None, *, track: Track = untracked
+) -> Pipeline:
+    """Load, resolve and check every stage; ConfigError with every problem of every stage."""
+    spec = load_pipeline(path)
+    overrides = overrides or {}
+    planned: dict[str, PlannedStage | None] = {}  # None: the stage has problems
+    problems: list[Problem] = []
+    for stage in spec.stages:
+        values, found = _substituted(stage, planned, spec.path)
+        problems += found
+        stage_overrides = {**values, **overrides}
+        try:
+            sweep = resolve(stage.template, stage_overrides, track=track)
+        except ConfigError as err:
+            problems += [_placed(p, stage, spec.path, overrides) for p in err.problems]
+            planned[stage.name] = None
+            continue
+        if found or any(planned[name] is None for name in stage.after):
+            planned[stage.name] = None  # checked, against stand-ins for what it references
+            continue
+        upstream = {name: planned[name] for name in stage.after}
+        found, checked_as = _upstream_model_check(
+            stage, sweep, stage_overrides, upstream, spec.path, overrides, track
+        )
+        problems += found
+        planned[stage.name] = PlannedStage(stage, sweep, stage_overrides, checked_as or sweep)
+    if problems:
+        raise ConfigError(list(dict.fromkeys(problems)))
+    return Pipeline(spec, [planned[s.name] for s in spec.stages])
+
+
+def _substituted(
+    stage: StageSpec, planned: dict[str, PlannedStage | None], pipeline: Path
+) -> tuple[dict[str, Any], list[Problem]]:
+    """The stage's `set` values with every reference replaced by its upstream path. A reference to a
+    stage with problems, or one that is wrong, is replaced by a stand-in path (`<pipeline dir>/.unresolved`),
+    so the stage's own rules still run: every problem of every stage is reported at once."""
+    resolved: dict[str, str] = {}
+    problems = []
+    for key, refs in stage.refs.items():
+        for ref in refs:
+            resolved[ref.text] = str(pipeline.parent / ".unresolved" / ref.stage / ref.output)
+            upstream = planned[ref.stage]
+            if upstream is None:
+                continue
+            try:
+                resolved[ref.text] = str(_resolve_reference(ref, upstream))
+            except ValueError as err:
+                problems.append(Problem(str(err), str(pipeline), f"stages.{stage.name}.set.{key}"))
+    return {key: _replace_in(value, resolved) for key, value in stage.values.items()}, problems
+
+
+def _resolve_reference(ref: Reference, upstream: PlannedStage) -> Path:
+    elements = upstream.sweep.elements
+    if ref.rule is not None:
+        raise ValueError(
+            f"{ref.text}: selection rules ({ref.rule}(...)) are not supported by this version yet; "
+            f"name the element by its index (0..{len(elements) - 1})"
+        )
+    if ref.element is None:
+        if len(elements) > 1:
+            raise ValueError(
+                f"{ref.text}: stage {ref.stage} is a sweep of {len(elements)}: name an element "
+                f"(${{stages.{ref.stage}.0.{ref.output}}})"
+            )
+        return output_path(elements[0], ref.output)
+    if ref.element >= len(elements):
+        raise ValueError(f"{ref.text}: stage {ref.stage} has elements 0..{len(elements) - 1}")
+    return output_path(elements[ref.element], ref.output)
+
+
+def _replace_in(value: Any, resolved: dict[str, str]) -> Any:
+    if isinstance(value, str):
+        return substitute(value, resolved)
+    if isinstance(value, dict):
+        return {_replace_in(k, resolved): _replace_in(v, resolved) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_replace_in(v, resolved) for v in value]
+    return value
+
+
+def _placed(problem: Problem, stage: StageSpec, pipeline: Path, overrides: dict[str, Any]) -> Problem:
+    """A stage's problem, named by its stage; one in a `set` value points at the pipeline file's key."""
+    key = problem.key or ""
+    message = f"stage {stage.name}: {problem.message}"
+    set_key = next((k for k in stage.values if key == k or key.startswith(f"{k}.")), None)
+    if problem.file == "command line" and set_key is not None and set_key not in overrides:
+        return Problem(message, str(pipeline), f"stages.{stage.name}.set.{key}")
+    return Problem(message, problem.file, problem.key)
+
+
+def _upstream_model_check(
+    stage: StageSpec,
+    sweep: Sweep,
+    stage_overrides: dict[str, Any],
+    upstream_stages: dict[str, PlannedStage],
+    pipeline: Path,
+    overrides: dict[str, Any],
+    track: Track,
+) -> tuple[list[Problem], Sweep | None]:
+    """The stage's rules again as if it started from the upstream model its `model.hf_path` names; the
+    problems and the sweep so resolved (None when the stage does not start from an upstream export)."""
+    refs = [r for r in stage.refs.get(MODEL_PATH, []) if r.output == "hf"]
+    if len(refs) != 1 or stage.values.get(MODEL_PATH) != refs[0].text or MODEL_PATH in overrides:
+        return [], None
+    ref = refs[0]
+    upstream = upstream_stages[ref.stage].sweep.elements[ref.element or 0].config.model
+    own = sweep.elements[0].config.model
+    problems = []
+    for name in ARCHITECTURE_FIELDS:
+        mine, theirs = getattr(own, name), getattr(upstream, name)
+        if mine is not None and theirs is not None and mine != theirs:
+            message = (
+                f"stage {stage.name}: model.{name}={mine!r}, but the model it starts from (stage "
+                f"{ref.stage}'s export) has {theirs!r}"
+            )
+            problems.append(Problem(message, str(sweep.template), f"model.{name}"))
+    if problems:
+        return problems, None
+    variant = {**stage_overrides, MODEL_PATH: upstream.hf_path}
+    variant |= {
+        f"model.{name}": getattr(upstream, name)
+        for name in ARCHITECTURE_FIELDS
+        if getattr(own, name) is None and getattr(upstream, name) is not None
+    }
+    try:
+        return [], resolve(stage.template, variant, track=track)
+    except ConfigError as err:
+        return [_with_upstream_model(p, stage, ref, pipeline, overrides) for p in err.problems], None
+
+
+def _with_upstream_model(
+    problem: Problem, stage: StageSpec, ref: Reference, pipeline: Path, overrides: dict[str, Any]
+) -> Problem:
+    """A problem found with the upstream model: a model key the check set stands for `model.hf_path`."""
+    message = f"{problem.message} (with stage {ref.stage}'s model)"
+    key = problem.key or ""
+    if problem.file == "command line" and key.startswith("model.") and key not in overrides:
+        return Problem(
+            f"stage {stage.name}: {message}", str(pipeline), f"stages.{stage.name}.set.{MODEL_PATH}"
+        )
+    return _placed(Problem(message, problem.file, problem.key), stage, pipeline, overrides)
