@@ -1,5 +1,6 @@
 """Export the model of a checkpoint as a Hugging Face directory (config.json + model.safetensors + the
-tokenizer), one that `transformers` (or vLLM, or the next stage of a pipeline) loads on its own.
+tokenizer), one that `transformers` (or vLLM, or the next stage of a pipeline) loads on its own, and
+`hpcrl-export.json` listing every file's size and sha256 (hpcrl.ckpt.export_manifest), written last.
 
 A model with a scalar head (`value_head.weight`: a reward model, or a PPO critic) exports as
 `*ForSequenceClassification` with num_labels = 1: its `score.weight` is the head, and transformers scores
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from hpcrl.ckpt.export_manifest import write_export_manifest
 from hpcrl.ckpt.load import load_checkpoint
 from hpcrl.ckpt.manifest import CheckpointError, read_manifest
 from hpcrl.ckpt.shards import ShardSpec
@@ -68,6 +70,7 @@ def export_hf(checkpoint: str | Path, out_dir: str | Path, *, prefix: str | None
         out_dir / "model.safetensors",
         metadata={"format": "pt"},
     )
+    write_export_manifest(out_dir)  # last: its presence says the export is complete
     return out_dir
 
 

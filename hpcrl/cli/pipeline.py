@@ -20,6 +20,7 @@ from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.elements import ResolvedConfig
 from hpcrl.experiment.stage_kinds import STAGE_KINDS
 from hpcrl.launcher import sweeps
+from hpcrl.launcher.inputs import write_inputs
 from hpcrl.metrics.sinks import read_jsonl
 from hpcrl.pipeline import submit
 from hpcrl.pipeline.manifest import load_pipeline_manifest
@@ -84,6 +85,10 @@ def run_pipeline(args, run_element: Callable[[ResolvedConfig], int]) -> int:
             flush=True,
         )
         for element in stage.sweep.elements:
+            if stage.inputs:  # what it takes from upstream, bound and verified when it starts
+                with sweeps.writing(None, "run_root"):
+                    element.run_dir.mkdir(parents=True, exist_ok=True)
+                    write_inputs(element.run_dir, stage.inputs)
             code = run_element(element)
             if code != 0:
                 print(

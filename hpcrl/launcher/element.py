@@ -54,12 +54,14 @@ from typing import TYPE_CHECKING, Any
 import submitit
 
 from hpcrl.config.safe_read import read_capped
-from hpcrl.config.schema import build, check_tree
+from hpcrl.config.schema import build, check_tree, get_dotted, to_dict
 from hpcrl.config.yaml_io import atomic_write, load_yaml
 from hpcrl.distributed.env import DistEnv, init_process_group
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.config import ExperimentConfig
+from hpcrl.experiment.elements import replace_dotted
 from hpcrl.experiment.stage_kinds import entrypoint_of
+from hpcrl.launcher.inputs import bind_inputs, read_inputs
 from hpcrl.launcher.rank_server import serve
 from hpcrl.launcher.ranks import CONFIG_ERROR_EXIT, RankEnd, record_error
 from hpcrl.launcher.runlock import RunLocked, lock_targets, writer_lock
@@ -184,6 +186,26 @@ def _agree_on_lock(refusal: RunLocked | None, env: DistEnv) -> None:
         raise RunLocked(Problem(f"rank 0 could not take the writer lock: {message[0]}"))
 
 
+def _with_inputs(cfg: ExperimentConfig, env: DistEnv, run_dir: Path) -> ExperimentConfig:
+    """The config with the element's inputs bound (hpcrl.launcher.inputs): rank 0 chooses and verifies,
+    every rank gets its values or its refusal (broadcast_object_list: any backend; rank 0's own data)."""
+    import torch.distributed as dist
+
+    answer: list[Any] = [None]
+    if env.rank == 0:
+        try:
+            keys = [i.key for i in read_inputs(run_dir)]
+            answer = [("ok", bind_inputs(run_dir, {k: get_dotted(to_dict(cfg), k, None) for k in keys}))]
+        except ConfigError as err:
+            answer = [("refused", [(p.message, p.file, p.key) for p in err.problems])]
+    if env.world_size > 1:
+        dist.broadcast_object_list(answer, src=0)
+    kind, payload = answer[0]
+    if kind == "refused":
+        raise ConfigError([Problem(*fields) for fields in payload])
+    return replace_dotted(cfg, payload) if payload else cfg
+
+
 def _run_in_group(
     fn: Callable[..., Any],
     cfg: ExperimentConfig,
@@ -208,6 +230,7 @@ def _run_in_group(
                 started=time.time(),
             )
         try:
+            cfg = _with_inputs(cfg, env, run_dir)  # a pipeline stage: its upstream outputs, chosen, verified
             return fn(cfg, run_dir, lifecycle=lifecycle)
         except BaseException as err:
             # requeued from the TERM handler (ElementTask.checkpoint wrote REQUEUED, Slurm restarts the

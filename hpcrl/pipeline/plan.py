@@ -23,6 +23,7 @@ from hpcrl.ckpt.config import HF_EXPORT_DIR, checkpoint_root
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.elements import ResolvedConfig
 from hpcrl.experiment.resolve import Sweep, resolve
+from hpcrl.launcher.inputs import Input
 from hpcrl.pipeline.refs import Reference, substitute
 from hpcrl.pipeline.spec import PipelineSpec, StageSpec, load_pipeline
 from hpcrl.progress import Track, untracked
@@ -41,6 +42,9 @@ class PlannedStage:
     checked_as: Sweep
     """The sweep as checked with the model it starts from (an upstream export: resolved with that model's
     own `hf_path` or dims), which the memory plan reads; else `sweep` itself."""
+    inputs: list[Input]
+    """What each element takes from upstream stages (written to its run dir as inputs.json; bound and
+    verified when it starts: hpcrl.launcher.inputs)."""
 
     @property
     def name(self) -> str:
@@ -75,7 +79,7 @@ def plan_pipeline(
     planned: dict[str, PlannedStage | None] = {}  # None: the stage has problems
     problems: list[Problem] = []
     for stage in spec.stages:
-        values, found = _substituted(stage, planned, spec.path)
+        values, inputs, found = _substituted(stage, planned, spec.path)
         problems += found
         stage_overrides = {**values, **overrides}
         try:
@@ -92,7 +96,7 @@ def plan_pipeline(
             stage, sweep, stage_overrides, upstream, spec.path, overrides, track
         )
         problems += found
-        planned[stage.name] = PlannedStage(stage, sweep, stage_overrides, checked_as or sweep)
+        planned[stage.name] = PlannedStage(stage, sweep, stage_overrides, checked_as or sweep, inputs)
     if problems:
         raise ConfigError(list(dict.fromkeys(problems)))
     return Pipeline(spec, [planned[s.name] for s in spec.stages])
@@ -100,11 +104,13 @@ def plan_pipeline(
 
 def _substituted(
     stage: StageSpec, planned: dict[str, PlannedStage | None], pipeline: Path
-) -> tuple[dict[str, Any], list[Problem]]:
-    """The stage's `set` values with every reference replaced by its upstream path. A reference to a
+) -> tuple[dict[str, Any], list[Input], list[Problem]]:
+    """The stage's `set` values with every reference replaced by its upstream path (a selection rule's
+    stays: the element binds it when it starts), the stage's inputs, and the problems. A reference to a
     stage with problems, or one that is wrong, is replaced by a stand-in path (`<pipeline dir>/.unresolved`),
     so the stage's own rules still run: every problem of every stage is reported at once."""
     resolved: dict[str, str] = {}
+    inputs: list[Input] = []
     problems = []
     for key, refs in stage.refs.items():
         for ref in refs:
@@ -113,29 +119,33 @@ def _substituted(
             if upstream is None:
                 continue
             try:
-                resolved[ref.text] = str(_resolve_reference(ref, upstream))
+                found = reference_input(key, ref, upstream)
             except ValueError as err:
                 problems.append(Problem(str(err), str(pipeline), f"stages.{stage.name}.set.{key}"))
-    return {key: _replace_in(value, resolved) for key, value in stage.values.items()}, problems
+                continue
+            resolved[ref.text] = found.reference
+            inputs.append(found)
+    return {key: _replace_in(value, resolved) for key, value in stage.values.items()}, inputs, problems
 
 
-def _resolve_reference(ref: Reference, upstream: PlannedStage) -> Path:
+def reference_input(key: str, ref: Reference, upstream: PlannedStage) -> Input:
+    """What reference `ref` in `key` takes from `upstream`: one element's output (its path stands in the
+    config), or with a rule every element's, the choice left to the consumer's start."""
     elements = upstream.sweep.elements
     if ref.rule is not None:
+        runs = [str(e.run_dir) for e in elements]
+        outputs = [str(output_path(e, ref.output)) for e in elements]
+        return Input(key, ref.text, ref.stage, ref.output, runs, outputs, ref.rule, ref.metric)
+    if ref.element is None and len(elements) > 1:
         raise ValueError(
-            f"{ref.text}: selection rules ({ref.rule}(...)) are not supported by this version yet; "
-            f"name the element by its index (0..{len(elements) - 1})"
+            f"{ref.text}: stage {ref.stage} is a sweep of {len(elements)}: name an element "
+            f"(${{stages.{ref.stage}.0.{ref.output}}}) or a rule (${{stages.{ref.stage}.best(METRIC).{ref.output}}})"
         )
-    if ref.element is None:
-        if len(elements) > 1:
-            raise ValueError(
-                f"{ref.text}: stage {ref.stage} is a sweep of {len(elements)}: name an element "
-                f"(${{stages.{ref.stage}.0.{ref.output}}})"
-            )
-        return output_path(elements[0], ref.output)
-    if ref.element >= len(elements):
+    if ref.element is not None and ref.element >= len(elements):
         raise ValueError(f"{ref.text}: stage {ref.stage} has elements 0..{len(elements) - 1}")
-    return output_path(elements[ref.element], ref.output)
+    element = elements[ref.element or 0]
+    path = str(output_path(element, ref.output))
+    return Input(key, path, ref.stage, ref.output, [str(element.run_dir)], [path])
 
 
 def _replace_in(value: Any, resolved: dict[str, str]) -> Any:

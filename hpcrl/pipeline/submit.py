@@ -24,6 +24,7 @@ from typing import Any
 
 from hpcrl.errors import ClusterError, ConfigError, Problem, cut
 from hpcrl.launcher import preflight, slurm, sweeps
+from hpcrl.launcher.inputs import write_inputs
 from hpcrl.launcher.memory_preflight import memory_preflight
 from hpcrl.launcher.sweep_manifest import Manifest
 from hpcrl.pipeline.manifest import PIPELINE_MANIFEST, PipelineManifest, StageRecord, load_pipeline_manifest
@@ -116,6 +117,9 @@ def write(
         manifests[stage.name] = sweeps.prepare(
             stage.sweep, pipeline_dir / stage.name, stage.overrides, dry_run=dry_run, track=track
         )
+        if stage.inputs and not dry_run:  # what each element takes from upstream, bound when it starts
+            for entry in manifests[stage.name].entries:
+                write_inputs(Path(entry.run_dir), stage.inputs)
     state = "DRY_RUN" if dry_run else "NEW"
     record = PipelineManifest(
         pipeline_dir=str(pipeline_dir),

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from hpcrl import cli
+from hpcrl.ckpt.export_manifest import export_problem
+from hpcrl.launcher.inputs import last_value
 from hpcrl.launcher.sweep_manifest import load_manifest
 from hpcrl.pipeline.manifest import load_pipeline_manifest
 from tests.waiting import wait_until
@@ -25,12 +27,12 @@ QUIET = "logging.tensorboard: false, logging.plot: false, logging.progress: fals
 PIPELINE = """
 stages:
   a:
-    template: {repo}/templates/sft_tiny.yaml
+    template: {sweep}
     set: {{sft.steps: 2, sft.eval_every: 2, checkpoint.every_steps: 2, {quiet}}}
   b:
     template: {repo}/templates/sft_tiny.yaml
     set:
-      model.hf_path: "${{stages.a.hf}}"
+      model.hf_path: "${{stages.a.min(sft/heldout_loss).hf}}"
       data: {{source: jsonl, path: {data}, heldout_size: 4, max_prompt_length: 8}}
       sft: {{steps: 2, eval_every: 2, examples_per_step: 8}}
       checkpoint.every_steps: 2
@@ -80,13 +82,19 @@ def test_a_failed_middle_stage_cancels_its_dependents_and_resume_completes_the_c
         "".join(json.dumps({"prompt": f"{i:03d}=", "answer": f"{i:03d}"}) + "\n" for i in range(40))
     )
     pipe = tmp_path / "pipe.yaml"
-    pipe.write_text(PIPELINE.format(repo=REPO, quiet=QUIET, data=data))
+    sweep = tmp_path / "seeds.yaml"  # a: two elements; b starts from the one with the lower held-out loss
+    sweep.write_text(
+        f"extends: {REPO}/templates/sft_tiny.yaml\nsweep:\n  grid:\n    model.init_seed: [1, 2]\n"
+    )
+    pipe.write_text(PIPELINE.format(repo=REPO, quiet=QUIET, data=data, sweep=sweep))
     pipeline_dir, runs = tmp_path / "pipeline", tmp_path / "runs"
     argv = ["submit", str(pipe), "--sweep_dir", str(pipeline_dir), "--run_root", str(runs)]
     assert cli.main([*argv, "--cluster.profile", "local-dev"]) == 0
     data.rename(tmp_path / "away.jsonl")  # b cannot start before a ends (afterok): it will find no data
     record = load_pipeline_manifest(pipeline_dir)
-    [a_job], [b_job], [c_job] = (record.stage(name).job_ids for name in "abc")
+    [a_job], [b_job], [c_job] = (
+        record.stage(name).job_ids for name in "abc"
+    )  # a: one array of 2  # a: one array of 2
     shown = _slurm("scontrol", "show", "job", "-o", c_job)
     assert f"Dependency=afterok:{b_job}" in shown, shown  # the edge, as Slurm holds it
 
@@ -103,21 +111,30 @@ def test_a_failed_middle_stage_cancels_its_dependents_and_resume_completes_the_c
     ).splitlines():
         job, start, end = line.split("|")
         times[job] = (start, end)
-    assert times[b_job][0] >= times[a_job][1], times  # ISO times: b started after a ended
+    a_ended = max(end for job, (_, end) in times.items() if job.startswith(f"{a_job}_"))
+    assert times[b_job][0] >= a_ended, times  # ISO times: b started after every element of a ended
 
-    [a_run] = [Path(e["run_dir"]) for e in by_name["a"]["elements"]]
-    before = _files(a_run)
+    a_runs = [Path(e["run_dir"]) for e in by_name["a"]["elements"]]
+    before = {run: _files(run) for run in a_runs}
     (tmp_path / "away.jsonl").rename(data)
     assert cli.main(["resume", str(pipeline_dir)]) == 0
     state = _ended(pipeline_dir, capsys)
     assert [s["state"] for s in state["stages"]] == ["COMPLETED"] * 3, state
-    assert _files(a_run) == before  # the first stage did not run again
-    assert load_manifest(pipeline_dir / "a").entries[0].attempts == []
+    assert {run: _files(run) for run in a_runs} == before  # the first stage did not run again
+    assert [e.attempts for e in load_manifest(pipeline_dir / "a").entries] == [[], []]
     assert len(load_manifest(pipeline_dir / "c").entries[0].attempts) == 1  # cancelled once, then run
 
     [c_run] = [Path(e["run_dir"]) for e in state["stages"][2]["elements"]]
     [b_run] = [Path(e["run_dir"]) for e in state["stages"][1]["elements"]]
     assert f"hf_path: {b_run / 'hf'}" in (c_run / "config.yaml").read_text()  # c started from b's export
+    losses = [last_value(run, "sft/heldout_loss") for run in a_runs]
+    picked = losses.index(min(losses))
+    [selection] = json.loads((b_run / "inputs.selected.json").read_text()).values()  # b ran on a's pick
+    assert (selection["element"], selection["output"]) == (picked, str(a_runs[picked] / "hf")), (
+        selection,
+        losses,
+    )
+    assert export_problem(c_run / "hf") is None  # its files are the ones its record lists
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 

@@ -70,6 +70,28 @@ stages:
     assert rl["config"]["checkpoint"]["resume_from"] == f"{sft0['run_dir']}/checkpoints"
 
 
+def test_a_rule_leaves_the_choice_to_the_consumers_start_over_every_element(tmp_path):
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(f"extends: {TEMPLATES}/sft_tiny.yaml\nsweep:\n  grid:\n    seed: [1, 2, 3]\n")
+    rule = "${stages.s.min(sft/heldout_loss).hf}"
+    pipe = _write(
+        tmp_path,
+        f"stages:\n  s: {{template: {sweep}}}\n  a: {{template: TEMPLATES/grpo_tiny.yaml, set: {{model.hf_path: '{rule}'}}}}\n",
+    )
+    pipeline = plan_pipeline(pipe, {"run_root": str(tmp_path / "runs")})
+    upstream, consumer = pipeline.stages
+    assert consumer.sweep.elements[0].config.model.hf_path == rule  # bound when it starts
+    [taken] = consumer.inputs
+    assert (taken.key, taken.rule, taken.metric, taken.reference) == (
+        "model.hf_path",
+        "min",
+        "sft/heldout_loss",
+        rule,
+    )
+    assert taken.candidates == [str(e.run_dir) for e in upstream.sweep.elements]
+    assert taken.outputs == [f"{e.run_dir}/hf" for e in upstream.sweep.elements]
+
+
 BAD = {
     "after an unknown stage": (
         "stages:\n  a: {template: TEMPLATES/sft_tiny.yaml, after: [b]}\n",
@@ -154,12 +176,6 @@ BAD = {
     "no stages": ("stages: {}\n", "stages", "must map stage names"),
     "stages as a list": ("stages: [a, b]\n", "stages", "must map stage names"),
     "a template path with a newline": ('stages:\n  a: {template: "a\\nb.yaml"}\n', "stages.a.template", ""),
-    "a selection rule (not yet)": (
-        "stages:\n  s: {template: SWEEP}\n"
-        "  a: {template: TEMPLATES/grpo_tiny.yaml, set: {model.hf_path: '${stages.s.best(reward/heldout).hf}'}}\n",
-        "stages.a.set.model.hf_path",
-        "not supported by this version yet",
-    ),
 }
 
 
