@@ -132,6 +132,10 @@ def reference_input(key: str, ref: Reference, upstream: PlannedStage) -> Input:
     """What reference `ref` in `key` takes from `upstream`: one element's output (its path stands in the
     config), or with a rule every element's, the choice left to the consumer's start."""
     elements = upstream.sweep.elements
+    if ref.output == "hf" and not elements[0].config.checkpoint.export_hf:
+        raise ValueError(
+            f"{ref.text}: stage {ref.stage} writes no HF export (its checkpoint.export_hf is false)"
+        )
     if ref.rule is not None:
         runs = [str(e.run_dir) for e in elements]
         outputs = [str(output_path(e, ref.output)) for e in elements]

@@ -132,6 +132,12 @@ BAD = {
         "stages.a.set.model.hf_path",
         "elements 0..0",
     ),
+    "an export the stage does not write": (
+        "stages:\n  s: {template: TEMPLATES/sft_tiny.yaml, set: {checkpoint.export_hf: false}}\n"
+        "  a: {template: TEMPLATES/grpo_tiny.yaml, set: {model.hf_path: '${stages.s.hf}'}}\n",
+        "stages.a.set.model.hf_path",
+        "writes no HF export",
+    ),
     "a misspelt reference": (
         "stages:\n  s: {template: TEMPLATES/sft_tiny.yaml}\n"
         "  a: {template: TEMPLATES/grpo_tiny.yaml, set: {model.hf_path: '${stage.s.hf}'}}\n",
