@@ -285,3 +285,30 @@ def test_any_pipeline_graph_is_planned_or_refused_with_bounded_problems(tmp_path
     else:
         assert [s.name for s in pipeline.stages] and all(len(s.sweep.elements) >= 1 for s in pipeline.stages)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fuzz.yaml"]
+
+
+def test_submit_sends_a_pipeline_to_slurm_only_and_a_dry_run_shows_each_stages_dependency(tmp_path, capsys):
+    pipeline_dir = tmp_path / "p"
+    code, out, err = run_cli(
+        capsys, "submit", DEMO, "--sweep_dir", pipeline_dir, f"--run_root={tmp_path / 'runs'}"
+    )
+    assert (
+        code == 2 and "cluster.executor" in err and "hpcrl run PIPELINE" in err and not pipeline_dir.exists()
+    )
+    code, out, err = run_cli(
+        capsys, "submit", DEMO, "--dry-run", "--sweep_dir", pipeline_dir, f"--run_root={tmp_path / 'runs'}"
+    )
+    assert code == 0, err
+    scripts = {
+        name: (pipeline_dir / name / "sbatch" / "array-0.sh").read_text() for name in ("sft", "rm", "rl")
+    }
+    assert "--dependency" not in scripts["sft"]
+    assert "#SBATCH --dependency='afterok:<sft>'" in scripts["rm"]
+    assert "#SBATCH --dependency='afterok:<sft>:<rm>'" in scripts["rl"]
+    assert all("#SBATCH --kill-on-invalid-dep=yes" in scripts[n] for n in ("rm", "rl"))
+    assert [s["state"] for s in json.loads((pipeline_dir / "pipeline.json").read_text())["stages"]] == [
+        "DRY_RUN"
+    ] * 3
+    assert not (tmp_path / "runs").exists()  # a dry run writes inside the pipeline directory only
+    code, _, err = run_cli(capsys, "resume", pipeline_dir)
+    assert code == 2 and "a dry run's pipeline" in err
