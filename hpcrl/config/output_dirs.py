@@ -67,9 +67,13 @@ HF_EXPORT_DIR = DirKind(
             "vocab.json",
             "merges.txt",
             "tokenizer.model",
+            "hpcrl-export.json",  # its file record, written last (hpcrl.ckpt.export_manifest)
         }
     ),
 )
+PIPELINE_DIR = DirKind(
+    "a pipeline directory", frozenset({"pipeline.json"}), any_directory=True
+)  # pipeline.json and one sweep directory per stage (hpcrl.pipeline.manifest)
 
 
 def output_dir_problem(path: str | Path, kind: DirKind) -> str | None:

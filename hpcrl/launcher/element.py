@@ -198,6 +198,10 @@ def _with_inputs(cfg: ExperimentConfig, env: DistEnv, run_dir: Path) -> Experime
             answer = [("ok", bind_inputs(run_dir, {k: get_dotted(to_dict(cfg), k, None) for k in keys}))]
         except ConfigError as err:
             answer = [("refused", [(p.message, p.file, p.key) for p in err.problems])]
+        except Exception as err:  # an unreadable export file: every rank must end, not wait on rank 0
+            answer = [
+                ("refused", [(f"cannot bind the element's inputs: {type(err).__name__}: {err}", None, None)])
+            ]
     if env.world_size > 1:
         dist.broadcast_object_list(answer, src=0)
     kind, payload = answer[0]

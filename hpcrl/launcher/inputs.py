@@ -37,6 +37,7 @@ SELECTED = "inputs.selected.json"
 MAX_BYTES = 4 << 20
 RULES = {"best": max, "max": max, "min": min}
 OUTPUTS = ("run_dir", "checkpoint", "hf")
+REQUIRED = {"key", "reference", "stage", "output", "candidates", "outputs"}
 
 
 @dataclass(frozen=True)
@@ -77,29 +78,27 @@ def read_inputs(run_dir: Path) -> list[Input]:
 
 def _input(item: Any, file: str, where: str) -> Input:
     fields = set(Input.__dataclass_fields__)
-    if (
-        not isinstance(item, dict)
-        or set(item) - fields
-        or not {"key", "reference", "stage", "output"} <= set(item)
-    ):
+    if not isinstance(item, dict) or set(item) - fields or not set(item) >= REQUIRED:
         raise ConfigError(Problem(f"an input has {', '.join(sorted(fields))}", file=file, key=where))
-    try:
-        found = Input(**item)
-    except TypeError as err:
-        raise ConfigError(Problem(str(err), file=file, key=where)) from None
-    paths = [*found.candidates, *found.outputs]
+    found = Input(**item)
+    lists = isinstance(found.candidates, list) and isinstance(found.outputs, list)
+    paths = [*found.candidates, *found.outputs] if lists else []
     well_formed = (
-        all(isinstance(v, str) for v in (found.key, found.reference, found.stage, found.output))
+        lists
+        and all(isinstance(v, str) for v in (found.key, found.reference, found.stage, found.output))
         and found.output in OUTPUTS
-        and (found.rule is None or (found.rule in RULES and isinstance(found.metric, str)))
-        and isinstance(found.candidates, list)
-        and isinstance(found.outputs, list)
+        and (found.rule is None or (isinstance(found.rule, str) and found.rule in RULES))
+        and (found.rule is None or isinstance(found.metric, str))
         and len(found.candidates) == len(found.outputs) >= 1
-        and all(isinstance(p, str) and os.path.isabs(p) and ".." not in Path(p).parts for p in paths)
+        and all(_safe_path(p) for p in paths)
     )
     if not well_formed:
         raise ConfigError(Problem("not an input hpcrl wrote", file=file, key=where))
     return found
+
+
+def _safe_path(path: Any) -> bool:
+    return isinstance(path, str) and os.path.isabs(path) and "\0" not in path and ".." not in Path(path).parts
 
 
 def bind_inputs(run_dir: Path, values: dict[str, Any]) -> dict[str, Any]:
@@ -147,7 +146,8 @@ def _choose(item: Input, selected: dict[str, Any]) -> str:
     if not scored:
         message = f"{item.reference}: no element of stage {item.stage} logged {item.metric}"
         raise ConfigError(Problem(message, key=item.key))
-    score, n = RULES[item.rule](scored, key=lambda pair: (pair[0], -pair[1]))  # ties: the lowest index
+    highest = RULES[item.rule] is max  # ties: the lowest index, either way
+    score, n = RULES[item.rule](scored, key=lambda pair: (pair[0], -pair[1] if highest else pair[1]))
     selected[item.reference] = {
         "element": n,
         "run_dir": item.candidates[n],
@@ -164,12 +164,15 @@ def last_value(run_dir: Path, metric: str) -> float | None:
     """The last finite value of `metric` in the run's metrics.jsonl (None: never logged)."""
     try:
         rows = read_jsonl(run_dir / "metrics.jsonl")
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
-    found = [
-        r[metric]
-        for r in rows
-        if isinstance(r.get(metric), int | float) and not isinstance(r.get(metric), bool)
-    ]
-    finite = [float(v) for v in found if math.isfinite(v)]
+    found = []
+    for row in rows:
+        value = row.get(metric) if isinstance(row, dict) else None
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            try:
+                found.append(float(value))
+            except OverflowError:  # a 400-digit integer
+                continue
+    finite = [v for v in found if math.isfinite(v)]
     return finite[-1] if finite else None

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from hpcrl.config.output_dirs import RUN_ROOT, SWEEP_DIR, output_dir_problem
+from hpcrl.config.output_dirs import RUN_ROOT, SWEEP_DIR, DirKind, output_dir_problem
 from hpcrl.config.safe_read import read_capped
 from hpcrl.config.schema import build, check_tree, deep_merge, get_dotted, to_dict, with_values
 from hpcrl.config.yaml_io import MAX_YAML_BYTES, load_yaml
@@ -51,13 +51,13 @@ SLURM_DIR = "slurm"
 SBATCH_DIR = "sbatch"
 
 
-def sweep_dir_problems(sweep_dir: Path, key: str) -> list[Problem]:
+def sweep_dir_problems(sweep_dir: Path, key: str, kind: DirKind = SWEEP_DIR) -> list[Problem]:
     """The sweep directory (given as --sweep_dir, or made of run_root and name) is an output directory
-    (hpcrl.config.output_dirs: no symlink on the way, not someone else's non-empty folder), and it holds
-    no '%': submitit writes it into #SBATCH --output/--error, where Slurm reads %<letter> as a pattern
-    (the logs would go to another directory)."""
+    of `kind` (hpcrl.config.output_dirs: no symlink on the way, not someone else's non-empty folder), and it
+    holds no '%': submitit writes it into #SBATCH --output/--error, where Slurm reads %<letter> as a
+    pattern (the logs would go to another directory)."""
     text = str(sweep_dir)
-    problem = output_dir_problem(sweep_dir, SWEEP_DIR) or (
+    problem = output_dir_problem(sweep_dir, kind) or (
         "has a '%', which Slurm reads as a file name pattern" if "%" in text else None
     )
     return [Problem(problem, key=key)] if problem else []

@@ -80,6 +80,7 @@ def plan_pipeline(
     problems: list[Problem] = []
     for stage in spec.stages:
         values, inputs, found = _substituted(stage, planned, spec.path)
+        inputs = [i for i in inputs if not _overridden(i.key, overrides)]  # the command line wins
         problems += found
         stage_overrides = {**values, **overrides}
         try:
@@ -152,6 +153,11 @@ def reference_input(key: str, ref: Reference, upstream: PlannedStage) -> Input:
     return Input(key, path, ref.stage, ref.output, [str(element.run_dir)], [path])
 
 
+def _overridden(key: str, overrides: dict[str, Any]) -> bool:
+    """`key` is set on the command line, itself or as part of a mapping given there."""
+    return any(key == k or key.startswith(f"{k}.") for k in overrides)
+
+
 def _replace_in(value: Any, resolved: dict[str, str]) -> Any:
     if isinstance(value, str):
         return substitute(value, resolved)
@@ -187,7 +193,8 @@ def _upstream_model_check(
     if len(refs) != 1 or stage.values.get(MODEL_PATH) != refs[0].text or MODEL_PATH in overrides:
         return [], None
     ref = refs[0]
-    upstream = upstream_stages[ref.stage].sweep.elements[ref.element or 0].config.model
+    # checked_as: an upstream that itself starts from an export is checked with that export's model
+    upstream = upstream_stages[ref.stage].checked_as.elements[ref.element or 0].config.model
     own = sweep.elements[0].config.model
     problems = []
     for name in ARCHITECTURE_FIELDS:

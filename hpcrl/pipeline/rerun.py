@@ -23,7 +23,7 @@ from hpcrl.launcher.memory_preflight import memory_preflight
 from hpcrl.launcher.sweep_manifest import FINAL, Entry, Manifest, load_manifest
 from hpcrl.pipeline.manifest import PipelineManifest
 from hpcrl.pipeline.status import StageStatus, pipeline_status
-from hpcrl.pipeline.submit import with_dependency
+from hpcrl.pipeline.submit import cancel_accepted, with_dependency
 
 RERUN_STATES = (FINAL - {"COMPLETED"}) | {"NEW"}
 """Element states `resume` submits again in a pipeline: every end but COMPLETED, and never submitted."""
@@ -117,6 +117,7 @@ def resume(record: PipelineManifest, reruns: list[Rerun]) -> None:
         try:
             sweeps.submit_elements(rerun.manifest, rerun.elements, arrays=arrays)
         except ClusterError:
+            cancel_accepted(rerun.manifest, before)  # a stage of several arrays: those sbatch took
             for done in queued:
                 sweeps.cancel(done.manifest, [e.index for e in done.entries])
                 record.stage(done.name).state = "CANCELLED"

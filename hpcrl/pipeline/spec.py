@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import graphlib
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,7 @@ from hpcrl.errors import ConfigError, Problem, short
 from hpcrl.pipeline.refs import STAGE_NAME, Reference, ReferenceError, references
 
 MAX_STAGES = 32
+PIPELINE_NAME = re.compile(r"[a-z][a-z0-9_-]{0,63}", re.ASCII)
 STAGE_KEYS = ("template", "set", "after")
 TOP_KEYS = ("name", "stages")
 
@@ -88,7 +90,7 @@ def load_pipeline(path: str | Path) -> PipelineSpec:
         Problem("unknown key (a pipeline has name, stages)", file, str(k)) for k in data if k not in TOP_KEYS
     ]
     name = data.get("name", path.name.removesuffix(".yaml").removesuffix(".yml"))
-    if not isinstance(name, str) or not STAGE_NAME.fullmatch(name.lower().replace("-", "_")):
+    if not isinstance(name, str) or not PIPELINE_NAME.fullmatch(name):
         problems.append(Problem(f"{short(name)} is not a pipeline name ([a-z][a-z0-9_-]*)", file, "name"))
     raw = data["stages"]
     if not isinstance(raw, dict) or not raw:
@@ -135,7 +137,11 @@ def _stage(name: Any, body: Any, path: Path) -> tuple[StageSpec | None, list[Pro
     if problems:
         return None, problems
     anchored = Path(os.path.normpath(path.parent / template))
-    if not anchored.is_file():
+    try:
+        found_file = anchored.is_file()
+    except (OSError, ValueError) as err:  # a directory on the way that may not be read
+        return None, [Problem(f"cannot read {short(str(anchored))}: {err}", file, f"{where}.template")]
+    if not found_file:
         return None, [Problem(f"no template file at {short(str(anchored))}", file, f"{where}.template")]
     waits = (*after, *(r.stage for rs in refs.values() for r in rs))
     return StageSpec(name, anchored, values, refs, tuple(dict.fromkeys(waits))), []
@@ -152,9 +158,17 @@ def _values(
             problems.append(Problem(why or f"{short(key)} is not a dotted config key", file, where))
             continue
         try:
-            found = [r for text in _strings(value) for r in references(text)]
+            found = references(value) if isinstance(value, str) else []
+            nested = not isinstance(value, str) and any("${" in text for text in _strings(value))
         except ReferenceError as err:
             problems.append(Problem(str(err), file, f"{where}.{key}"))
+            continue
+        except RecursionError:
+            problems.append(Problem("nested too deep to be a config value", file, f"{where}.{key}"))
+            continue
+        if nested:  # the element binds a reference in the value of the key it names, a string
+            message = "a reference stands in a string value: name the key in full (e.g. reward.model_path)"
+            problems.append(Problem(message, file, f"{where}.{key}"))
             continue
         values[key] = value
         if found:

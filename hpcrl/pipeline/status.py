@@ -59,9 +59,11 @@ def _stage_state(manifest: Manifest, upstream: list[StageStatus], after: list[st
         return "COMPLETED", None
     failed = [u.name for u in upstream if u.name in after and u.state in UPSTREAM_FAILED]
     removed = all(s in ("CANCELLED", "COMPLETED") for s in states)
-    by_dependency = any(
-        NEVER_SATISFIED in r or (s == "CANCELLED" and r.startswith(DEPENDENCY_REASONS))
-        for s, r in zip(states, reasons, strict=True)
+    by_dependency = (
+        any(  # an element cancelled by hand while its upstream is healthy is not the upstream's doing
+            NEVER_SATISFIED in r or (failed and s == "CANCELLED" and r.startswith(DEPENDENCY_REASONS))
+            for s, r in zip(states, reasons, strict=True)
+        )
     )
     if by_dependency or (failed and removed):
         culprit = failed[0] if failed else ", ".join(after)

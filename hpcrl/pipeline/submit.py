@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hpcrl.config.output_dirs import PIPELINE_DIR
 from hpcrl.errors import ClusterError, ConfigError, Problem, cut
 from hpcrl.launcher import preflight, slurm, sweeps
 from hpcrl.launcher.inputs import write_inputs
@@ -50,7 +51,7 @@ def default_pipeline_dir(pipeline: Pipeline) -> Path:
 
 def pipeline_dir_problems(pipeline_dir: Path, key: str) -> list[Problem]:
     """An output directory (as a sweep's) that holds no submitted pipeline (a dry run's may be reused)."""
-    problems = sweeps.sweep_dir_problems(pipeline_dir, key)
+    problems = sweeps.sweep_dir_problems(pipeline_dir, key, PIPELINE_DIR)
     if problems or not (pipeline_dir / PIPELINE_MANIFEST).exists():
         return problems
     try:
@@ -151,11 +152,19 @@ def submit(record: PipelineManifest, manifests: dict[str, Manifest], checked: li
         try:
             sweeps.submit_elements(manifest, item.stage.sweep.elements, arrays=arrays)
         except ClusterError as err:
+            cancel_accepted(manifest, 0)  # a stage of several arrays: those sbatch took before the refusal
             _undo(record, manifests, stage.name, [c.stage.name for c in checked[position + 1 :]], err)
             raise
         stage.job_ids = [str(a["job_id"]) for a in manifest.arrays]
         stage.state = "QUEUED"
         record.save()
+
+
+def cancel_accepted(manifest: Manifest, before: int) -> None:
+    """scancel the arrays of `manifest` recorded after its first `before` ones (what one submit queued)."""
+    indices = [i for array in manifest.arrays[before:] for i in array["indices"]]
+    if indices:
+        sweeps.cancel(manifest, indices)
 
 
 def _undo(

@@ -51,6 +51,15 @@ def _consumer(tmp_path: Path, runs: list[Path], rule: str | None, metric: str | 
     return me
 
 
+def test_a_tie_goes_to_the_lowest_index_for_every_rule(tmp_path):
+    runs = _candidates(tmp_path, [0.5, 0.2, 0.2, 0.5])
+    for rule, picked in (("min", 1), ("max", 0), ("best", 0)):
+        me = _consumer(tmp_path, runs, rule)
+        (me / SELECTED).unlink(missing_ok=True)
+        bound = bind_inputs(me, {"model.hf_path": read_inputs(me)[0].reference})
+        assert bound == {"model.hf_path": str(runs[picked] / "hf")}, rule
+
+
 @pytest.mark.parametrize(("rule", "picked"), [("min", 1), ("max", 2), ("best", 2)])
 def test_a_rule_picks_by_the_last_logged_value_and_the_pick_is_kept(tmp_path, rule, picked):
     runs = _candidates(tmp_path, [0.5, 0.2, 0.8, None])
@@ -136,3 +145,10 @@ def test_any_inputs_file_reads_or_is_refused_naming_it(tmp_path, raw):
                 and len(item.candidates) == len(item.outputs) >= 1
             )
             assert all(p.startswith("/") and ".." not in p for p in [*item.candidates, *item.outputs])
+
+
+def test_an_export_directory_is_known_by_its_record_too():
+    """`hpcrl ckpt export --force` replaces a directory holding only an export's files: the record is one."""
+    from hpcrl.config.output_dirs import HF_EXPORT_DIR
+
+    assert EXPORT_MANIFEST in HF_EXPORT_DIR.names

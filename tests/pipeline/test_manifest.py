@@ -109,6 +109,12 @@ def _manifest(*states_and_reasons: tuple[str, str | None]) -> Manifest:
     return Manifest("/s", "t", "n", "slurm", "c", [], entries)
 
 
+def test_an_element_cancelled_by_hand_while_its_upstream_runs_is_not_blamed_on_it():
+    upstream = [StageStatus("sft", [], "RUNNING", None, {}, None)]
+    state, reason = _stage_state(_manifest(("CANCELLED", "Dependency")), upstream, ["sft"])
+    assert state == "FAILED" and "upstream" not in reason
+
+
 @pytest.mark.parametrize(
     ("elements", "state", "reason"),
     [

@@ -138,6 +138,17 @@ BAD = {
         "stages.a.set.model.hf_path",
         "writes no HF export",
     ),
+    "a reference inside a mapping": (
+        "stages:\n  s: {template: TEMPLATES/sft_tiny.yaml}\n"
+        "  a: {template: TEMPLATES/grpo_tiny.yaml, set: {reward: {name: model, model_path: '${stages.s.hf}'}}}\n",
+        "stages.a.set.reward",
+        "name the key in full",
+    ),
+    "an upper-case pipeline name": (
+        "name: SFT\nstages:\n  a: {template: TEMPLATES/sft_tiny.yaml}\n",
+        "name",
+        "pipeline name",
+    ),
     "a misspelt reference": (
         "stages:\n  s: {template: TEMPLATES/sft_tiny.yaml}\n"
         "  a: {template: TEMPLATES/grpo_tiny.yaml, set: {model.hf_path: '${stage.s.hf}'}}\n",
@@ -312,3 +323,18 @@ def test_submit_sends_a_pipeline_to_slurm_only_and_a_dry_run_shows_each_stages_d
     assert not (tmp_path / "runs").exists()  # a dry run writes inside the pipeline directory only
     code, _, err = run_cli(capsys, "resume", pipeline_dir)
     assert code == 2 and "a dry run's pipeline" in err
+    code, _, err = run_cli(  # a dry run's directory is used again; someone else's folder is not
+        capsys, "submit", DEMO, "--dry-run", "--sweep_dir", pipeline_dir, f"--run_root={tmp_path / 'runs'}"
+    )
+    assert code == 0, err
+    (tmp_path / "theirs").mkdir()
+    (tmp_path / "theirs" / "notes.txt").write_text("mine")
+    code, _, err = run_cli(capsys, "submit", DEMO, "--dry-run", "--sweep_dir", tmp_path / "theirs")
+    assert code == 2 and "not a pipeline directory" in err, err
+
+
+def test_the_command_line_wins_over_a_reference_and_the_element_binds_nothing_there(tmp_path):
+    pipeline = plan_pipeline(DEMO, {"run_root": str(tmp_path / "runs"), "model.hf_path": str(tmp_path)})
+    rl = pipeline.stage("rl")
+    assert rl.sweep.elements[0].config.model.hf_path == str(tmp_path)
+    assert [i.key for i in rl.inputs] == ["reward.model_path"]
