@@ -30,11 +30,13 @@ from hpcrl.ckpt.export_manifest import export_problem
 from hpcrl.config.safe_read import read_capped
 from hpcrl.config.yaml_io import atomic_write
 from hpcrl.errors import ConfigError, Problem
-from hpcrl.metrics.sinks import read_jsonl
+from hpcrl.metrics.sinks import step_records
 
 INPUTS = "inputs.json"
 SELECTED = "inputs.selected.json"
 MAX_BYTES = 4 << 20
+MAX_METRICS_BYTES = 1 << 30
+"""A candidate's metrics.jsonl read to pick by a rule: a million steps of a hundred metrics fit."""
 RULES = {"best": max, "max": max, "min": min}
 OUTPUTS = ("run_dir", "checkpoint", "hf")
 REQUIRED = {"key", "reference", "stage", "output", "candidates", "outputs"}
@@ -162,13 +164,13 @@ def _choose(item: Input, selected: dict[str, Any]) -> str:
 
 def last_value(run_dir: Path, metric: str) -> float | None:
     """The last finite value of `metric` in the run's metrics.jsonl (None: never logged)."""
-    try:
-        rows = read_jsonl(run_dir / "metrics.jsonl")
-    except (OSError, ValueError, RecursionError):
+    try:  # a regular file of bounded size: a FIFO there must not hang the start of the consumer
+        raw = read_capped(run_dir / "metrics.jsonl", MAX_METRICS_BYTES, follow_symlinks=False)
+    except (OSError, ValueError):
         return None
     found = []
-    for row in rows:
-        value = row.get(metric) if isinstance(row, dict) else None
+    for record in step_records(raw.splitlines()):
+        value = record.get(metric)
         if isinstance(value, int | float) and not isinstance(value, bool):
             try:
                 found.append(float(value))

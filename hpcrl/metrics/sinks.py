@@ -10,6 +10,7 @@ import json
 import math
 import sys
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -44,6 +45,19 @@ class JsonlWriter:
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     with Path(path).open() as fh:
         return [json.loads(line) for line in fh if line.strip()]
+
+
+def step_records(lines: Iterable[str | bytes]) -> Iterator[dict[str, Any]]:
+    """The records of metrics.jsonl lines that read as one: a JSON object with a non-negative int `step`.
+    A torn last line (a killed writer), a hand edit or garbage is skipped, never raised: the tolerant
+    reader for files another process may be writing or may have died writing."""
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(record, dict) and type(record.get("step")) is int and record["step"] >= 0:
+            yield record
 
 
 class TensorBoardWriter:

@@ -152,3 +152,21 @@ def test_an_export_directory_is_known_by_its_record_too():
     from hpcrl.config.output_dirs import HF_EXPORT_DIR
 
     assert EXPORT_MANIFEST in HF_EXPORT_DIR.names
+
+
+def test_a_torn_or_hostile_metrics_file_reads_as_what_it_wholly_holds(tmp_path):
+    import os
+
+    from hpcrl.launcher.inputs import last_value
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_bytes(
+        b'{"step": 0, "m": 0.3}\n[1]\n{"step": -1, "m": 9}\n{"step": 1, "m": 0.7'
+    )
+    assert last_value(run, "m") == 0.3  # the torn last line (a killed writer) and the non-records skipped
+    (run / "metrics.jsonl").write_bytes(b'{"step": 0, "m": ' + b"9" * 400 + b'}\n{"step": 1, "m": NaN}\n')
+    assert last_value(run, "m") is None
+    (run / "metrics.jsonl").unlink()
+    os.mkfifo(run / "metrics.jsonl")  # never opened for reading: it would hang the consumer's start
+    assert last_value(run, "m") is None
