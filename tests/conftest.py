@@ -20,6 +20,8 @@ BACKGROUND_MARKERS = {
     "element that runs for minutes); moved to the FRONT of the session",
     "background_check": "checks the background work of a background_start test; moved to the END of the "
     "session (run alone, it waits for the work)",
+    "after_background": "CPU-heavy work that would slow the background work past its time budget (the "
+    "one-minute requeue element); runs after the background checks",
 }
 
 
@@ -70,6 +72,8 @@ def _background_work_first_and_its_checks_last(items) -> None:
     def position(item) -> int:
         if item.get_closest_marker("background_start"):
             return 0
+        if item.get_closest_marker("after_background"):
+            return 3
         return 2 if item.get_closest_marker("background_check") else 1
 
     items.sort(key=position)  # stable

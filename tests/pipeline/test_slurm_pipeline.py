@@ -21,7 +21,9 @@ from hpcrl.launcher.sweep_manifest import load_manifest
 from hpcrl.pipeline.manifest import load_pipeline_manifest
 from tests.waiting import wait_until
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.after_background]
+"""After the one-minute requeue element's check: this test's four training jobs, run beside that element,
+took the CPU it needs to finish an attempt within its minute (a full run saw it end TIMEOUT on its 8th)."""
 REPO = Path(__file__).resolve().parents[2]
 QUIET = "logging.tensorboard: false, logging.plot: false, logging.progress: false"
 PIPELINE = """
