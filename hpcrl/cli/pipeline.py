@@ -21,7 +21,7 @@ from hpcrl.experiment.elements import ResolvedConfig
 from hpcrl.experiment.stage_kinds import STAGE_KINDS
 from hpcrl.launcher import sweeps
 from hpcrl.launcher.inputs import write_inputs
-from hpcrl.metrics.sinks import read_jsonl
+from hpcrl.metrics.sinks import step_records
 from hpcrl.pipeline import submit
 from hpcrl.pipeline.manifest import load_pipeline_manifest
 from hpcrl.pipeline.plan import Pipeline, PlannedStage, plan_pipeline
@@ -106,11 +106,8 @@ def headline_lines(stage: PlannedStage) -> list[str]:
     lines = []
     for element in stage.sweep.elements:
         headline = STAGE_KINDS[element.config.stage].headline
-        rows = (
-            read_jsonl(element.run_dir / "metrics.jsonl")
-            if (element.run_dir / "metrics.jsonl").is_file()
-            else []
-        )
+        path = element.run_dir / "metrics.jsonl"
+        rows = step_records(path.read_bytes().splitlines()) if path.is_file() else []  # torn lines skipped
         held = [r[headline.heldout] for r in rows if isinstance(r.get(headline.heldout), int | float)]
         figure = f"{held[0]:.3f} -> {held[-1]:.3f}" if held else "not logged"
         lines.append(f"stage {stage.name} [{element.index}] {headline.heldout}: {figure}")

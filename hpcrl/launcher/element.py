@@ -194,8 +194,11 @@ def _with_inputs(cfg: ExperimentConfig, env: DistEnv, run_dir: Path) -> Experime
     answer: list[Any] = [None]
     if env.rank == 0:
         try:
-            keys = [i.key for i in read_inputs(run_dir)]
-            answer = [("ok", bind_inputs(run_dir, {k: get_dotted(to_dict(cfg), k, None) for k in keys}))]
+            inputs = read_inputs(run_dir)
+            data = to_dict(cfg) if inputs else {}
+            answer = [
+                ("ok", bind_inputs(run_dir, inputs, {i.key: get_dotted(data, i.key, None) for i in inputs}))
+            ]
         except ConfigError as err:
             answer = [("refused", [(p.message, p.file, p.key) for p in err.problems])]
         except Exception as err:  # an unreadable export file: every rank must end, not wait on rank 0

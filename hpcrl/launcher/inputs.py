@@ -103,10 +103,10 @@ def _safe_path(path: Any) -> bool:
     return isinstance(path, str) and os.path.isabs(path) and "\0" not in path and ".." not in Path(path).parts
 
 
-def bind_inputs(run_dir: Path, values: dict[str, Any]) -> dict[str, Any]:
+def bind_inputs(run_dir: Path, inputs: list[Input], values: dict[str, Any]) -> dict[str, Any]:
     """The config values of the element's inputs (dotted key -> value), chosen and verified (see the
-    module docstring); `values`: the keys' values in the config, holding the reference text."""
-    inputs = read_inputs(run_dir)
+    module docstring); `inputs`: read_inputs(run_dir); `values`: each input key's value in the config,
+    holding the reference text."""
     if not inputs:
         return {}
     selected = _selected(run_dir)

@@ -56,7 +56,7 @@ def test_a_tie_goes_to_the_lowest_index_for_every_rule(tmp_path):
     for rule, picked in (("min", 1), ("max", 0), ("best", 0)):
         me = _consumer(tmp_path, runs, rule)
         (me / SELECTED).unlink(missing_ok=True)
-        bound = bind_inputs(me, {"model.hf_path": read_inputs(me)[0].reference})
+        bound = bind_inputs(me, read_inputs(me), {"model.hf_path": read_inputs(me)[0].reference})
         assert bound == {"model.hf_path": str(runs[picked] / "hf")}, rule
 
 
@@ -65,18 +65,20 @@ def test_a_rule_picks_by_the_last_logged_value_and_the_pick_is_kept(tmp_path, ru
     runs = _candidates(tmp_path, [0.5, 0.2, 0.8, None])
     me = _consumer(tmp_path, runs, rule)
     reference = read_inputs(me)[0].reference
-    bound = bind_inputs(me, {"model.hf_path": reference})
+    bound = bind_inputs(me, read_inputs(me), {"model.hf_path": reference})
     assert bound == {"model.hf_path": str(runs[picked] / "hf")}
     record = json.loads((me / SELECTED).read_text())[reference]
     assert record["element"] == picked and record["scores"] == {"0": 0.5, "1": 0.2, "2": 0.8, "3": None}
     (runs[0] / "metrics.jsonl").write_text(json.dumps({"step": 3, "loss": -5.0}) + "\n")  # logged since
-    assert bind_inputs(me, {"model.hf_path": reference}) == bound  # a restarted attempt: the same element
+    assert (
+        bind_inputs(me, read_inputs(me), {"model.hf_path": reference}) == bound
+    )  # a restarted attempt: the same element
 
 
 def test_no_candidate_with_the_metric_is_refused_naming_the_key(tmp_path):
     me = _consumer(tmp_path, _candidates(tmp_path, [None, None]), "best", "reward/heldout")
     with pytest.raises(ConfigError) as err:
-        bind_inputs(me, {"model.hf_path": "${stages.sft.best(reward/heldout).hf}"})
+        bind_inputs(me, read_inputs(me), {"model.hf_path": "${stages.sft.best(reward/heldout).hf}"})
     assert err.value.problems[0].key == "model.hf_path" and "no element of stage sft logged" in str(err.value)
 
 
@@ -98,7 +100,7 @@ def test_an_export_that_is_not_the_one_written_is_refused_before_it_is_used(tmp_
     assert export_problem(runs[0] / "hf") is None
     harm(runs[0] / "hf")
     with pytest.raises(ConfigError) as err:
-        bind_inputs(me, {"model.hf_path": str(runs[0] / "hf")})
+        bind_inputs(me, read_inputs(me), {"model.hf_path": str(runs[0] / "hf")})
     problem = err.value.problems[0]
     assert problem.key == "model.hf_path" and "the export of stage sft cannot be used" in problem.message
     assert words in problem.message, problem.message
@@ -107,7 +109,7 @@ def test_an_export_that_is_not_the_one_written_is_refused_before_it_is_used(tmp_
 def test_a_config_that_does_not_hold_the_reference_is_refused(tmp_path):
     me = _consumer(tmp_path, _candidates(tmp_path, [0.1]), None)
     with pytest.raises(ConfigError, match="does not hold"):
-        bind_inputs(me, {"model.hf_path": "/somewhere/else"})
+        bind_inputs(me, read_inputs(me), {"model.hf_path": "/somewhere/else"})
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
