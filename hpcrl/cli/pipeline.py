@@ -102,15 +102,19 @@ def run_pipeline(args, run_element: Callable[[ResolvedConfig], int]) -> int:
 
 
 def headline_lines(stage: PlannedStage) -> list[str]:
-    """Per element: the stage's held-out headline figure, first and last evaluation."""
+    """Per element: the stage's held-out headline figure, first and last evaluation (and those logged
+    beside it: an RL stage's task-rule score when a reward model scored it)."""
     lines = []
     for element in stage.sweep.elements:
         headline = STAGE_KINDS[element.config.stage].headline
         path = element.run_dir / "metrics.jsonl"
-        rows = step_records(path.read_bytes().splitlines()) if path.is_file() else []  # torn lines skipped
-        held = [r[headline.heldout] for r in rows if isinstance(r.get(headline.heldout), int | float)]
-        figure = f"{held[0]:.3f} -> {held[-1]:.3f}" if held else "not logged"
-        lines.append(f"stage {stage.name} [{element.index}] {headline.heldout}: {figure}")
+        rows = list(step_records(path.read_bytes().splitlines())) if path.is_file() else []  # torn: skipped
+        figures = []
+        for key in (headline.heldout, *headline.heldout_also):
+            held = [r[key] for r in rows if isinstance(r.get(key), int | float)]
+            if held or key == headline.heldout:
+                figures.append(f"{key}: {held[0]:.3f} -> {held[-1]:.3f}" if held else f"{key}: not logged")
+        lines.append(f"stage {stage.name} [{element.index}] " + ", ".join(figures))
     return lines
 
 

@@ -31,9 +31,10 @@ def plot_reward_curve(
             [m + s for m, s in zip(means, stds, strict=True)],
             alpha=0.2,
         )
-    held = [(r["step"], r[headline.heldout]) for r in records if r.get(headline.heldout) is not None]
-    if held:
-        ax.plot(*zip(*held, strict=True), marker="o", label=f"{headline.heldout_label} ({headline.heldout})")
+    for key in (headline.heldout, *headline.heldout_also):
+        held = [(r["step"], r[key]) for r in records if r.get(key) is not None]
+        if held:
+            ax.plot(*zip(*held, strict=True), marker="o", label=f"{headline.heldout_label} ({key})")
     ax.set_xlabel("step")
     ax.set_ylabel(headline.label)
     ax.set_title(title)

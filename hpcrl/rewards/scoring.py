@@ -74,6 +74,15 @@ def build_scorer(reward: RewardConfig, data: DataConfig, *, model: BatchScorer |
     return WeightedScorer([(s, w, _source_scorer(s, reward, data, model)) for s, w in reward.terms.items()])
 
 
+def task_rule_scorer(reward: RewardConfig, data: DataConfig) -> BatchScorer | None:
+    """The built-in task's own rule, when the reward scores by something else (a reward model, another
+    rule, a mix, a function): what held-out evaluation also reports, as the ground truth that reward
+    stands in for. None for file data (no rule) and when the reward is the task rule itself."""
+    if data.source != "builtin" or sources_of(reward) == {TASK: 1.0}:
+        return None
+    return rule_batch_scorer(task_rule(data.task))
+
+
 def _source_scorer(
     source: str, reward: RewardConfig, data: DataConfig, model: BatchScorer | None
 ) -> BatchScorer:

@@ -31,7 +31,7 @@ from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.metrics.logger import MetricsLogger
 from hpcrl.reshard.build import ENGINE_FAMILIES, build_reshard_engine
 from hpcrl.reshard.transport import make_groups
-from hpcrl.rewards.scoring import build_scorer
+from hpcrl.rewards.scoring import build_scorer, task_rule_scorer
 from hpcrl.rl.collector import Collector, CollectorSettings, PromptCodec
 from hpcrl.rl.driver import RLDriver
 from hpcrl.rl.handoff import SideInputs, build_rollout_side
@@ -231,7 +231,8 @@ def build_collector(
     )
     model = MegatronRewardScorer(reward_model, tokenizer) if reward_model is not None else None
     scorer = build_scorer(cfg.reward, cfg.data, model=model)
-    return Collector(settings, rollout, codec, scorer, sampler, heldout)
+    task_scorer = task_rule_scorer(cfg.reward, cfg.data)
+    return Collector(settings, rollout, codec, scorer, sampler, heldout, task_scorer)
 
 
 def _temperature(cfg: ExperimentConfig) -> float:

@@ -26,6 +26,11 @@ from hpcrl.rl.timing import PhaseTimer
 from hpcrl.rl.workers import RolloutWorker
 from hpcrl.rollout.base import SamplingParams
 
+HELDOUT = "reward/heldout"
+"""The training reward's mean over greedy held-out responses."""
+HELDOUT_TASK = "reward/heldout_task"
+"""The built-in task rule's mean over the same responses, when the training reward is another."""
+
 
 @dataclass
 class PromptCodec:
@@ -78,12 +83,15 @@ class Collector:
         scorer: BatchScorer,
         sampler: PromptSampler[Example],
         heldout: list[Example],
+        task_scorer: BatchScorer | None = None,
     ):
+        """`task_scorer`: the built-in task's own rule, to score the held-out responses by it too when
+        the training reward is something else (a reward model, a mix, a function)."""
         self.settings, self.algo, self.sampling = settings, settings.algo, settings.sampling
         self.k, self.seed = settings.samples_per_prompt, settings.seed
         self.greedy_baseline = ALGORITHMS[settings.algo.name].greedy_baseline
         self.rollout, self.codec, self.scorer, self.nan_policy = rollout, codec, scorer, settings.nan_policy
-        self.sampler, self.heldout = sampler, heldout
+        self.sampler, self.heldout, self.task_scorer = sampler, heldout, task_scorer
 
     def collect(self, index: int, version: int, timer: PhaseTimer) -> RolloutBatch:
         """Batch `index`, generated with weight version `version`; its phases are timed on `timer`.
@@ -112,10 +120,17 @@ class Collector:
         return RolloutBatch(index, version, exp, torch.cat(sampled), metrics, dict(timer.seconds))
 
     @torch.no_grad()
-    def evaluate(self, step: int) -> float:
-        """Mean reward of greedy responses to the held-out prompts (current rollout weights)."""
+    def evaluate(self, step: int) -> dict[str, float]:
+        """Greedy responses to the held-out prompts (current rollout weights), scored: `reward/heldout`,
+        the training reward's mean; with a task scorer, `reward/heldout_task`, the task rule's mean (what
+        a reward model or a mix is a proxy for, scored on responses no reward saw in training)."""
         exp = self.generate_scored(self.heldout, self.sampling.greedy(), seed=self.seed + 10**6 + step)
-        return float(self._score(exp.examples, exp.responses).scores_B.mean())
+        out = {HELDOUT: float(self._score(exp.examples, exp.responses).scores_B.mean())}
+        if self.task_scorer is not None:
+            prompts, answers = [e.prompt for e in exp.examples], [e.answer for e in exp.examples]
+            task = score_batch(self.task_scorer, prompts, exp.responses, answers, "error")
+            out[HELDOUT_TASK] = float(task.scores_B.mean())
+        return out
 
     def generate_scored(self, examples: list[Example], sampling: SamplingParams, seed: int) -> Experience:
         """Responses to `examples` (decoded into `exp.responses`), not yet scored."""

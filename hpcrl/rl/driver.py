@@ -34,7 +34,7 @@ class RLDriver:
             metrics |= self.weight_sync.publish(step)  # the weights after `step` updates
         if self.eval_every and step % self.eval_every == 0:
             with timer.phase("eval"):  # the policy before this step's update, on the weights just synced
-                metrics["reward/heldout"] = self.collector.evaluate(step)
+                metrics |= self.collector.evaluate(step)
         batch = self.collector.collect(step, step, timer)
         metrics |= batch.metrics
         self.collector.rollout.sleep()  # the generation memory (store / vLLM weights + KV cache) until next sync
@@ -46,4 +46,4 @@ class RLDriver:
         self.weight_sync.publish(step)
         heldout = self.collector.evaluate(step)
         self.collector.rollout.sleep()
-        return {"step": step, "reward/heldout": heldout}
+        return {"step": step} | heldout

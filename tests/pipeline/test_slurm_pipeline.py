@@ -34,7 +34,7 @@ stages:
   b:
     template: {repo}/templates/sft_tiny.yaml
     set:
-      model.hf_path: "${{stages.a.min(sft/heldout_loss).hf}}"
+      model.hf_path: "${{stages.a.best(sft/token_accuracy).hf}}"
       data: {{source: jsonl, path: {data}, heldout_size: 4, max_prompt_length: 8}}
       sft: {{steps: 2, eval_every: 2, examples_per_step: 8}}
       checkpoint.every_steps: 2
@@ -84,9 +84,9 @@ def test_a_failed_middle_stage_cancels_its_dependents_and_resume_completes_the_c
         "".join(json.dumps({"prompt": f"{i:03d}=", "answer": f"{i:03d}"}) + "\n" for i in range(40))
     )
     pipe = tmp_path / "pipe.yaml"
-    sweep = tmp_path / "seeds.yaml"  # a: two elements; b starts from the one with the lower held-out loss
+    sweep = tmp_path / "seeds.yaml"  # a: four elements; b starts from the one best() picks
     sweep.write_text(
-        f"extends: {REPO}/templates/sft_tiny.yaml\nsweep:\n  grid:\n    model.init_seed: [1, 2]\n"
+        f"extends: {REPO}/templates/sft_tiny.yaml\nsweep:\n  grid:\n    model.init_seed: [1, 2, 3, 4]\n"
     )
     pipe.write_text(PIPELINE.format(repo=REPO, quiet=QUIET, data=data, sweep=sweep))
     pipeline_dir, runs = tmp_path / "pipeline", tmp_path / "runs"
@@ -94,9 +94,7 @@ def test_a_failed_middle_stage_cancels_its_dependents_and_resume_completes_the_c
     assert cli.main([*argv, "--cluster.profile", "local-dev"]) == 0
     data.rename(tmp_path / "away.jsonl")  # b cannot start before a ends (afterok): it will find no data
     record = load_pipeline_manifest(pipeline_dir)
-    [a_job], [b_job], [c_job] = (
-        record.stage(name).job_ids for name in "abc"
-    )  # a: one array of 2  # a: one array of 2
+    [a_job], [b_job], [c_job] = (record.stage(name).job_ids for name in "abc")  # a: one array of 4
     shown = _slurm("scontrol", "show", "job", "-o", c_job)
     assert f"Dependency=afterok:{b_job}" in shown, shown  # the edge, as Slurm holds it
 
@@ -123,19 +121,20 @@ def test_a_failed_middle_stage_cancels_its_dependents_and_resume_completes_the_c
     state = _ended(pipeline_dir, capsys)
     assert [s["state"] for s in state["stages"]] == ["COMPLETED"] * 3, state
     assert {run: _files(run) for run in a_runs} == before  # the first stage did not run again
-    assert [e.attempts for e in load_manifest(pipeline_dir / "a").entries] == [[], []]
+    assert [e.attempts for e in load_manifest(pipeline_dir / "a").entries] == [[]] * 4
     assert len(load_manifest(pipeline_dir / "c").entries[0].attempts) == 1  # cancelled once, then run
 
     [c_run] = [Path(e["run_dir"]) for e in state["stages"][2]["elements"]]
     [b_run] = [Path(e["run_dir"]) for e in state["stages"][1]["elements"]]
     assert f"hf_path: {b_run / 'hf'}" in (c_run / "config.yaml").read_text()  # c started from b's export
-    losses = [last_value(run, "sft/heldout_loss") for run in a_runs]
-    picked = losses.index(min(losses))
+    accuracies = [last_value(run, "sft/token_accuracy") for run in a_runs]
+    picked = accuracies.index(max(accuracies))  # the highest; a tie goes to the lowest index
     [selection] = json.loads((b_run / "inputs.selected.json").read_text()).values()  # b ran on a's pick
     assert (selection["element"], selection["output"]) == (picked, str(a_runs[picked] / "hf")), (
         selection,
-        losses,
+        accuracies,
     )
+    assert len(load_manifest(pipeline_dir / "b").entries) == 1  # the consumer ran once, not per element
     assert export_problem(c_run / "hf") is None  # its files are the ones its record lists
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM

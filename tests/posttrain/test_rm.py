@@ -96,15 +96,23 @@ def _greedy_task_score(hf_dir: Path, cfg) -> float:
 def test_ppo_scored_by_the_exported_reward_model_raises_the_task_reward(rm_run, tmp_path):
     """templates/ppo_tiny.yaml with `reward.name: model` at the RM's export: the reward model's held-out
     score rises, and so does the task's own held-out score of the policy (greedy, by the task rule),
-    from the initial policy's (the same init, scored by `reward.name: task` at step 0)."""
+    from the initial policy's (the same init, scored by `reward.name: task` at step 0). The run logs that
+    task score beside the reward model's (`reward/heldout_task`): at step 0 it is the task-reward run's
+    `reward/heldout`, at the end transformers' greedy answers of the export, scored by the rule."""
     ppo = REPO / "templates" / "ppo_tiny.yaml"
     rm = {"reward.name": "model", "reward.model_path": str(rm_run / "hf")}
     run = _run(ppo, tmp_path / "ppo", **rm, **{"algorithm.steps": 60, "algorithm.eval_every": 20})
-    held = [r["reward/heldout"] for r in read_jsonl(run / "metrics.jsonl") if "reward/heldout" in r]
+    evals = [r for r in read_jsonl(run / "metrics.jsonl") if "reward/heldout" in r]
+    held = [r["reward/heldout"] for r in evals]
     assert held[-1] > held[0] + 5, held  # the reward model's scores (logits) rise
+    assert [r["step"] for r in evals if "reward/heldout_task" in r] == [0, 20, 40, 60]
     start = _run(ppo, tmp_path / "start", **{"algorithm.steps": 1, "algorithm.eval_every": 1})
-    initial = read_jsonl(start / "metrics.jsonl")[0]["reward/heldout"]
+    start_rows = read_jsonl(start / "metrics.jsonl")
+    initial = start_rows[0]["reward/heldout"]
+    assert not any("reward/heldout_task" in r for r in start_rows)  # the task reward is the rule already
+    assert evals[0]["reward/heldout_task"] == initial
     final = _greedy_task_score(run / "hf", tiny_config(ppo))
+    assert evals[-1]["reward/heldout_task"] == pytest.approx(final, abs=1e-6)
     assert final > initial + 0.05, (initial, final)
 
 

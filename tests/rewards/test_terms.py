@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hpcrl.data.config import DataConfig
 from hpcrl.metrics.sinks import read_jsonl
 from hpcrl.rewards.config import RewardConfig
-from hpcrl.rewards.scoring import RewardError, build_scorer, rule_batch_scorer, score_batch
+from hpcrl.rewards.scoring import RewardError, build_scorer, rule_batch_scorer, score_batch, task_rule_scorer
 from hpcrl.rewards.terms import SOURCES, WeightedScorer, reward_problems
 from tests.cli_runs import run_cli
 
@@ -112,6 +112,29 @@ def test_expand_refuses_a_bad_reward_naming_the_key(tmp_path, capsys, args, key,
     code, _, err = run_cli(capsys, "expand", GRPO, f"--run_root={tmp_path}/runs", *args)
     assert code == 2 and f"{key}: " in err and says in err, err
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    "reward, source, scored",
+    [
+        (RewardConfig(name="model", model_path="rm"), "builtin", True),
+        (RewardConfig(name="exact_match"), "builtin", True),
+        (RewardConfig(name=None, terms={"task": 1.0, "model": 0.01}, model_path="rm"), "builtin", True),
+        (RewardConfig(name=None, terms={"task": 2.0}), "builtin", True),  # a scaled rule is not the rule
+        (RewardConfig(name=None, function="f.py:g"), "builtin", True),
+        (RewardConfig(name="task"), "builtin", False),
+        (RewardConfig(name=None, terms={"task": 1.0}), "builtin", False),
+        (RewardConfig(name="model", model_path="rm"), "jsonl", False),  # a file has no task rule
+    ],
+)
+def test_held_out_is_also_scored_by_the_task_rule_when_the_reward_is_another(reward, source, scored):
+    """RL's evaluation logs `reward/heldout_task` beside `reward/heldout` exactly when the training reward
+    is not the built-in task's rule itself: the scorer is that rule, or None."""
+    data = DataConfig(source=source, task="reverse_exact", path=None if source == "builtin" else "x.jsonl")
+    scorer = task_rule_scorer(reward, data)
+    assert (scorer is not None) == scored
+    if scorer is not None:
+        assert scorer(["1234="] * 3, ["4321", "1234", ""], ["4321"] * 3) == [1.0, 0.0, 0.0]
 
 
 @pytest.mark.slow

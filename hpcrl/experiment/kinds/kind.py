@@ -72,6 +72,7 @@ def accuracy_headline(
         heldout=heldout,
         label=label,
         heldout_label=heldout_label,
+        heldout_also=(),
         spread=None,
         plot_file="accuracy.png",
     )

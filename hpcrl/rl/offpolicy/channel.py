@@ -40,8 +40,9 @@ class RolloutMessage:
     batches: list[RolloutBatch]
     cursor: dict[str, int]
     """The rollout's data cursor after these batches (the checkpoint's data cursor)."""
-    heldout: float | None = None
-    """Held-out reward of this step's evaluation (the weights before the step's update), if any."""
+    heldout: dict[str, float] | None = None
+    """Held-out metrics of this step's evaluation (the weights before the step's update), if any
+    (hpcrl.rl.collector.Collector.evaluate)."""
     busy_s: float = 0.0
     """Seconds the rollout pool worked for this message: weight swap, generation, reward."""
 

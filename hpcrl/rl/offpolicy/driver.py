@@ -181,7 +181,7 @@ class AsyncTrainDriver:
             messages.append(self._receive(timer))
         heldout = [msg.heldout for msg in messages if msg.heldout is not None]
         if heldout:
-            metrics["reward/heldout"] = heldout[0]
+            metrics |= heldout[0]
         timing = timing_metrics(timer, *tokens)
         timing = {k: v for k, v in timing.items() if not k.startswith(("share/", "tps/generate"))}
         return (
@@ -198,7 +198,7 @@ class AsyncTrainDriver:
         """Held-out reward of the final weights: evaluated by the rollout pool, received here."""
         self._start(step)
         message = self.channel.receive()
-        return {"step": step, "reward/heldout": message.heldout}
+        return {"step": step} | (message.heldout or {})
 
     # ------------------------------------------------------------------------- checkpointed state
     def checkpoint_state(self) -> dict[str, int]:
@@ -284,7 +284,7 @@ class AsyncRolloutDriver:
             sent += self._produce(step + self.state.max_off_policy_steps, step, timer, heldout)
         return metrics | {"weights/version": float(self.weights.version), "async/batches_sent": float(sent)}
 
-    def _produce(self, last: int, step: int, timer: PhaseTimer, heldout: float | None) -> int:
+    def _produce(self, last: int, step: int, timer: PhaseTimer, heldout: dict[str, float] | None) -> int:
         """Collect batches next_batch..last with the front weights (version `step`) and send them in
         one message with this step's busy time so far; returns how many."""
         if self.weights.version != step:
@@ -317,7 +317,7 @@ class AsyncRolloutDriver:
                     [], self.collector.sampler.cursor.to_dict(), heldout, timer.seconds.get("swap", 0.0)
                 )
             )
-        return {"step": step, "reward/heldout": heldout}
+        return {"step": step} | heldout
 
     # ------------------------------------------------------------------------- checkpointed state
     def checkpoint_state(self) -> dict[str, int]:

@@ -201,9 +201,10 @@ def test_in_flight_batches_round_trip_bitwise_through_the_checkpoint_codec():
         for a, b in pairs:
             assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
     assert decode_batches(encode_batches([])) == []
-    message = RolloutMessage(batches, {"epoch": 1, "index": 3, "seed": 0}, 0.25, 0.5)
+    heldout = {"reward/heldout": 0.25, "reward/heldout_task": 0.125}
+    message = RolloutMessage(batches, {"epoch": 1, "index": 3, "seed": 0}, heldout, 0.5)
     got = decode_message(encode_message(message))  # what crosses the channel keeps the seconds too
-    assert (got.cursor, got.heldout, got.busy_s) == (message.cursor, 0.25, 0.5)
+    assert (got.cursor, got.heldout, got.busy_s) == (message.cursor, heldout, 0.5)
     assert [b.seconds for b in got.batches] == [{"generate": 1.5}] * 2
     assert torch.equal(got.batches[0].exp.gen.logprobs_BT, batches[0].exp.gen.logprobs_BT)
 
