@@ -3,13 +3,13 @@
 For every seed N (`--seed N --model.init_seed 1234+N --data.shuffle_seed N`: another SFT initialisation,
 another data split and order, other samples), runs the CLI (one process, wall clock) and reads the figures it prints for each stage
 (hpcrl.cli.pipeline.headline_lines): the SFT model's held-out exact match, the reward model's held-out
-pairwise accuracy, and the RL stage's held-out task score (`reward/heldout_task`: the task rule alone on
-greedy responses to unseen prompts, which neither the reward model nor the SFT data held) at its first
-evaluation (the SFT model's weights) and its last. Seeds run one after another, each with the machine to
+pairwise accuracy, and the RL stage's held-out task score — the task rule alone on greedy responses to
+unseen prompts: `reward/heldout_task`, or `reward/heldout` where the RL reward is that rule (the demo's:
+its reward-model term has weight 0) — at its first evaluation (the SFT model's weights) and its last. Seeds run one after another, each with the machine to
 itself.
 
     python benchmarks/pipeline_demo.py [--pipeline templates/pipelines/tiny.yaml] [--seeds 0-4]
-                                       [any `hpcrl run` override, e.g. --algorithm.steps 100]
+                                       [any `hpcrl run` override of every stage, e.g. --logging.plot false]
 
 Prints a row per seed, then, last, `pipeline_demo: rl above sft on <k>/<n> seeds, median task score
 <sft> -> <rl>, median wall <s> s`. Exit 0 when the RL stage ends above the SFT model on every seed.
@@ -28,8 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-FIGURE = re.compile(r"([\w/]+): ([-\d.]+) -> ([-\d.]+)")
+NUMBER = r"(nan|-?inf|-?[\d.]+)"
+FIGURE = re.compile(rf"([\w/]+): {NUMBER} -> {NUMBER}")
 STAGE_LINE = re.compile(r"^stage (\w+) \[(\d+)\] (.*)$")
+TASK_SCORE = ("reward/heldout_task", "reward/heldout")
+"""The RL stage's task score: the rule beside another reward, else the reward, which is the rule."""
 
 
 @dataclass
@@ -39,8 +42,17 @@ class SeedRun:
     figures: dict[tuple[str, str], tuple[float, float]]
     """(stage, metric) -> (first, last) held-out value, as the CLI printed them."""
 
-    def last(self, stage: str, metric: str) -> float:
-        return self.figures[(stage, metric)][1]
+    def figure(self, stage: str, *metrics: str) -> tuple[float, float]:
+        """The first of `metrics` the stage printed; exits naming them when it printed none."""
+        for metric in metrics:
+            if (stage, metric) in self.figures:
+                return self.figures[(stage, metric)]
+        sys.exit(
+            f"seed {self.seed}: stage {stage} printed none of {metrics} (printed: {sorted(self.figures)})"
+        )
+
+    def last(self, stage: str, *metrics: str) -> float:
+        return self.figure(stage, *metrics)[1]
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -88,16 +100,16 @@ def main(argv: list[str] | None = None) -> int:
         for seed in parse_seeds(args.seeds):
             run = run_seed(args.pipeline, seed, extra, Path(tmp))
             sft, rm = run.last("sft", "sft/heldout_exact_match"), run.last("rm", "rm/heldout_accuracy")
-            first, last = run.figures[("rl", "reward/heldout_task")]
+            first, last = run.figure("rl", *TASK_SCORE)
             print(
                 f"seed {seed}: sft exact {sft:.3f}  rm accuracy {rm:.3f}  "
                 f"rl task {first:.3f} -> {last:.3f}  wall {run.wall_s:.0f} s",
                 flush=True,
             )
             runs.append(run)
-    above = sum(r.last("rl", "reward/heldout_task") > r.last("sft", "sft/heldout_exact_match") for r in runs)
+    above = sum(r.last("rl", *TASK_SCORE) > r.last("sft", "sft/heldout_exact_match") for r in runs)
     sft_median = statistics.median(r.last("sft", "sft/heldout_exact_match") for r in runs)
-    rl_median = statistics.median(r.last("rl", "reward/heldout_task") for r in runs)
+    rl_median = statistics.median(r.last("rl", *TASK_SCORE) for r in runs)
     wall = statistics.median(r.wall_s for r in runs)
     print(
         f"pipeline_demo: rl above sft on {above}/{len(runs)} seeds, median task score "

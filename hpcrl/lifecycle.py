@@ -32,6 +32,14 @@ way (nothing half-written is ever `latest`). Requeues stay bounded by submitit's
 scancel inside that last window is taken for the time limit: the job comes back once, and a second
 scancel ends it.)
 
+A TERM at the time limit with no USR2 before it is the same case: slurmctld checks limits every 30 s and
+sends USR2 at the first check inside its window, so with a short limit the window can fall between two
+checks, or the attempt's start-up outlast it (measured: an element of the one-minute requeue test ended
+TIMEOUT, its last attempt never signalled). The run's checkpointing reads the job's time left when it
+starts (`checkpoints_and_resumes(time_left_s)`); a TERM that comes no earlier than AT_LIMIT_SLACK_S before
+that limit is the limit's, and requeues as above. An earlier TERM (preemption, `scontrol requeue`,
+scancel) is Slurm's to decide, as before.
+
 USR2 and TERM are taken over only under submitit (elsewhere nobody sends USR2, and a local SIGTERM, e.g.
 `hpcrl cancel` of a local element, should end the rank at once). A signal that arrives before the
 entrypoint looks is kept until it does. After the run the warning signals (USR1, USR2) are ignored: a
@@ -48,6 +56,7 @@ import contextlib
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -64,6 +73,9 @@ TERM_REQUEUE_SAID = (
     "(else the next attempt resumes from the last checkpoint, if any)"
 )
 """What every rank logs when a TERM beat the save USR2 asked for (see the module docstring)."""
+AT_LIMIT_SLACK_S = 5.0
+"""A TERM this close to the time limit, or after it, is the limit's. Covers the time squeue took to answer
+(its time left is older than the clock read after it) and its whole-second resolution."""
 
 
 class Lifecycle:
@@ -78,6 +90,7 @@ class Lifecycle:
         self._save_requested = False
         self._requeue_asked = False  # USR2 came: a requeue is owed, after a save or (TERM first) at once
         self._resumable = False
+        self._limit_at: float | None = None  # time.monotonic() of the job's time limit, when known
         self.requeued_at_term = False
         """TERM came before USR2's save landed: the requeue was handed to submitit from the TERM handler (the
         run goes on to save at the next step boundary and stop)."""
@@ -138,7 +151,8 @@ class Lifecycle:
     def _on_terminate(self, signum: int, frame: Any) -> None:
         _say(f"{signal.Signals(signum).name}: Slurm is ending the job")
         self._terminating = True
-        owed = self._requeue_asked and not self._stop_for_requeue and not self.requeued_at_term
+        asked = self._requeue_asked or self._at_time_limit()
+        owed = asked and not self._stop_for_requeue and not self.requeued_at_term
         if owed and self.submitit_handler is not None and self._resumable:
             _say(TERM_REQUEUE_SAID)
             self.requeued_at_term = True  # first: the requeue's own TERM re-enters this handler
@@ -147,10 +161,17 @@ class Lifecycle:
             except (SystemExit, Exception) as ending:  # raised after the save (hpcrl.launcher.element)
                 self.term_requeue_ending = ending
 
-    def checkpoints_and_resumes(self) -> None:
+    def checkpoints_and_resumes(self, time_left_s: float | None = None) -> None:
         """The entrypoint saves checkpoints and resumes from them (its stage checkpointing says so): a
-        requeue on a TERM that beat the requested save continues the run instead of only restarting it."""
+        requeue on a TERM that beat the requested save continues the run instead of only restarting it.
+        `time_left_s`: seconds to the job's time limit now (Slurm's, read once), so that the limit's TERM
+        requeues even when no USR2 came (None: unknown or no limit)."""
         self._resumable = True
+        if time_left_s is not None:
+            self._limit_at = time.monotonic() + time_left_s
+
+    def _at_time_limit(self) -> bool:
+        return self._limit_at is not None and time.monotonic() >= self._limit_at - AT_LIMIT_SLACK_S
 
     def _on_interrupt(self, signum: int, frame: Any) -> None:
         if self.interrupted_by is not None:

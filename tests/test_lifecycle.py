@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import signal
 
-from hpcrl.lifecycle import Lifecycle
+from hpcrl.lifecycle import AT_LIMIT_SLACK_S, Lifecycle
 
 
 class _SubmititHandler:
@@ -109,6 +109,28 @@ def test_term_requeues_nothing_after_the_save_landed_without_usr2_or_for_a_run_t
         _signals_to(lifecycle, *signals)
         assert handler.calls == [] and not lifecycle.requeued_at_term, case
         assert lifecycle.terminating, case
+
+
+def test_the_time_limits_term_requeues_even_when_no_usr2_came():
+    """slurmctld's 30-s checks can miss USR2's window of a short limit (the one-minute requeue element
+    ended TIMEOUT so in a clean-clone CI run of b4b367b): a TERM at the time limit, or within
+    AT_LIMIT_SLACK_S before it, requeues as a TERM after USR2 does; one earlier (scancel, preemption)
+    leaves the job to Slurm, and so does a run that saves nothing."""
+    cases = {  # time left when the checkpointing started -> a requeue at TERM
+        "past the limit": (-12.0, True, True),
+        "inside the slack": (AT_LIMIT_SLACK_S - 1.0, True, True),
+        "a minute before: scancel or preemption": (60.0, True, False),
+        "limit unknown (squeue failed, or none)": (None, True, False),
+        "at the limit, but nothing saved to resume": (-12.0, False, False),
+    }
+    for case, (time_left_s, resumable, requeued) in cases.items():
+        handler = _RecordingHandler()
+        lifecycle = Lifecycle(submitit_handler=handler.handle)
+        if resumable:
+            lifecycle.checkpoints_and_resumes(time_left_s=time_left_s)
+        _signals_to(lifecycle, signal.SIGTERM, signal.SIGTERM)  # the requeue's own TERM: no second one
+        assert handler.calls == ([signal.SIGUSR2] if requeued else []), case
+        assert lifecycle.requeued_at_term == requeued and lifecycle.terminating, case
 
 
 def test_an_inert_lifecycle_reads_nothing_and_the_entrypoint_reports_how_it_stopped():

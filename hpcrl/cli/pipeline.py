@@ -102,8 +102,8 @@ def run_pipeline(args, run_element: Callable[[ResolvedConfig], int]) -> int:
 
 
 def headline_lines(stage: PlannedStage) -> list[str]:
-    """Per element: the stage's held-out headline figure, first and last evaluation (and those logged
-    beside it: an RL stage's task-rule score when a reward model scored it)."""
+    """Per element: the stage's held-out headline figure, first and last evaluation, and those logged
+    beside it (Headline.heldout_also: an RL stage's task-rule score, a reward model's term)."""
     lines = []
     for element in stage.sweep.elements:
         headline = STAGE_KINDS[element.config.stage].headline

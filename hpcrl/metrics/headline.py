@@ -20,9 +20,10 @@ class Headline:
     """What the train values are, for the progress bar and the plot's axis."""
     heldout_label: str = "held-out"
     """What the held-out values are called on the progress bar and in the plot's legend."""
-    heldout_also: tuple[str, ...] = ("reward/heldout_task",)
+    heldout_also: tuple[str, ...] = ("reward/heldout_task", "reward/heldout_term/model")
     """Other held-out figures, drawn and summarised beside `heldout` where a run logs them (the RL stage's
-    task-rule score, logged when the training reward is a reward model, a mix or a function)."""
+    task-rule score, logged when the training reward is not that rule alone; a reward model's score as a
+    term of a mix, hpcrl.rl.collector.Collector.evaluate)."""
     spread: str | None = "reward/std"
     """A per-step standard deviation drawn as a band around `train` (None: none)."""
     plot_file: str = "reward.png"

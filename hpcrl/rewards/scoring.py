@@ -77,8 +77,10 @@ def build_scorer(reward: RewardConfig, data: DataConfig, *, model: BatchScorer |
 def task_rule_scorer(reward: RewardConfig, data: DataConfig) -> BatchScorer | None:
     """The built-in task's own rule, when the reward scores by something else (a reward model, another
     rule, a mix, a function): what held-out evaluation also reports, as the ground truth that reward
-    stands in for. None for file data (no rule) and when the reward is the task rule itself."""
-    if data.source != "builtin" or sources_of(reward) == {TASK: 1.0}:
+    stands in for. None for file data (no rule) and when the reward is the task rule itself (terms of
+    weight 0 are watched, not scored: `{task: 1.0, model: 0.0}` is the rule)."""
+    weighted = {source: weight for source, weight in sources_of(reward).items() if weight != 0}
+    if data.source != "builtin" or weighted == {TASK: 1.0}:
         return None
     return rule_batch_scorer(task_rule(data.task))
 

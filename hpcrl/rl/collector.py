@@ -30,6 +30,8 @@ HELDOUT = "reward/heldout"
 """The training reward's mean over greedy held-out responses."""
 HELDOUT_TASK = "reward/heldout_task"
 """The built-in task rule's mean over the same responses, when the training reward is another."""
+TERM = "reward_term/"
+"""The prefix of a mix's per-term means (hpcrl.rewards.terms.WeightedScorer)."""
 
 
 @dataclass
@@ -122,10 +124,18 @@ class Collector:
     @torch.no_grad()
     def evaluate(self, step: int) -> dict[str, float]:
         """Greedy responses to the held-out prompts (current rollout weights), scored: `reward/heldout`,
-        the training reward's mean; with a task scorer, `reward/heldout_task`, the task rule's mean (what
-        a reward model or a mix is a proxy for, scored on responses no reward saw in training)."""
+        the training reward's mean; for a mix, each term's mean as `reward/heldout_term/<source>` (a
+        reward model's own held-out score, even at weight 0); with a task scorer, `reward/heldout_task`,
+        the task rule's mean (what a reward model, another rule or a function stands in for, on responses
+        no reward trained on)."""
         exp = self.generate_scored(self.heldout, self.sampling.greedy(), seed=self.seed + 10**6 + step)
-        out = {HELDOUT: float(self._score(exp.examples, exp.responses).scores_B.mean())}
+        result = self._score(exp.examples, exp.responses)
+        out = {HELDOUT: float(result.scores_B.mean())}
+        out |= {
+            f"{HELDOUT}_term/{key.removeprefix(TERM)}": value
+            for key, value in result.metrics.items()
+            if key.startswith(TERM)
+        }
         if self.task_scorer is not None:
             prompts, answers = [e.prompt for e in exp.examples], [e.answer for e in exp.examples]
             task = score_batch(self.task_scorer, prompts, exp.responses, answers, "error")

@@ -113,7 +113,6 @@ class StageCheckpointing:
         `states` are restored in their order, after the RNG states."""
         self.cfg, self.run_dir = cfg, Path(run_dir)
         self.lifecycle = lifecycle or Lifecycle()  # a direct call (tests): inert, no signal handlers
-        self.lifecycle.checkpoints_and_resumes()
         self.trainers = dict(trainers)
         self.states: list[Stateful] = [TrainerStates(self.trainers), *states]
         self.group = dist.group.WORLD if dist.is_initialized() and dist.get_world_size() > 1 else None
@@ -122,6 +121,7 @@ class StageCheckpointing:
         self.trigger = SaveTrigger.from_slurm(
             cfg.checkpoint.every_steps, safety=cfg.checkpoint.deadline_safety, signals=self.lifecycle
         )
+        self.lifecycle.checkpoints_and_resumes(time_left_s=self.trigger.time_left())
         # the optimizer step is the first in-place write of what an async save copies in the background
         self._removers = [t.add_pre_step_hook(self.checkpointer.fence) for t in self.trainers.values()]
         self._step_started = time.perf_counter()

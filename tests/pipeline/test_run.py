@@ -58,3 +58,46 @@ def test_the_stages_run_in_order_here_and_a_failure_stops_the_chain(tmp_path, ca
     code, out, err = run_cli(capsys, "run", pipe, f"--run_root={root}")
     assert code == 2 and f"{config}" in err and "== stage rl" not in out, (out[-2000:], err[-2000:])
     assert [p.name for p in (root / "grpo_tiny").iterdir()] == [rl_run.name]  # the second rl never started
+
+
+def test_each_stage_prints_its_headline_and_the_figures_logged_beside_it(tmp_path):
+    """`hpcrl run PIPELINE`'s summary per element: the stage's held-out headline, first -> last, then each
+    Headline.heldout_also figure the run logged (RL: the task rule's score, the reward model's term);
+    torn and foreign lines are skipped; a run that logged no evaluation says so."""
+    from types import SimpleNamespace
+
+    from hpcrl.cli.pipeline import headline_lines
+
+    def element(index: int, stage: str, rows: list[dict], tail: str = "") -> SimpleNamespace:
+        run_dir = tmp_path / f"{stage}{index}"
+        run_dir.mkdir()
+        text = "".join(json.dumps(r) + "\n" for r in rows) + tail
+        (run_dir / "metrics.jsonl").write_text(text)
+        return SimpleNamespace(index=index, run_dir=run_dir, config=SimpleNamespace(stage=stage))
+
+    rl_rows = [
+        {"step": 0, "reward/heldout": -3.5, "reward/heldout_task": 0.25, "reward/heldout_term/model": -3.5},
+        {"step": 1, "reward/mean": 0.1},
+        {"step": 2, "reward/heldout": 4.0, "reward/heldout_task": 0.75, "reward/heldout_term/model": 4.0},
+    ]
+    rl = SimpleNamespace(
+        name="rl",
+        sweep=SimpleNamespace(
+            elements=[
+                element(0, "rl", rl_rows, tail='{"step": 3, "reward/held'),  # a torn last line
+                element(1, "rl", [{"step": 0, "reward/heldout": 0.5}, {"step": 1, "reward/heldout": 1.0}]),
+                element(2, "rl", [{"step": 0, "reward/mean": 0.0}]),
+            ]
+        ),
+    )
+    assert headline_lines(rl) == [
+        "stage rl [0] reward/heldout: -3.500 -> 4.000, reward/heldout_task: 0.250 -> 0.750, "
+        "reward/heldout_term/model: -3.500 -> 4.000",
+        "stage rl [1] reward/heldout: 0.500 -> 1.000",
+        "stage rl [2] reward/heldout: not logged",
+    ]
+    sft = SimpleNamespace(
+        name="sft",
+        sweep=SimpleNamespace(elements=[element(0, "sft", [{"step": 0, "sft/heldout_exact_match": 0.0}])]),
+    )
+    assert headline_lines(sft) == ["stage sft [0] sft/heldout_exact_match: 0.000 -> 0.000"]

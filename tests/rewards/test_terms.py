@@ -124,12 +124,14 @@ def test_expand_refuses_a_bad_reward_naming_the_key(tmp_path, capsys, args, key,
         (RewardConfig(name=None, function="f.py:g"), "builtin", True),
         (RewardConfig(name="task"), "builtin", False),
         (RewardConfig(name=None, terms={"task": 1.0}), "builtin", False),
+        (RewardConfig(name=None, terms={"task": 1.0, "model": 0.0}, model_path="rm"), "builtin", False),
         (RewardConfig(name="model", model_path="rm"), "jsonl", False),  # a file has no task rule
     ],
 )
 def test_held_out_is_also_scored_by_the_task_rule_when_the_reward_is_another(reward, source, scored):
     """RL's evaluation logs `reward/heldout_task` beside `reward/heldout` exactly when the training reward
-    is not the built-in task's rule itself: the scorer is that rule, or None."""
+    is not the built-in task's rule itself (a term of weight 0 is watched, not scored): the scorer is
+    that rule, or None."""
     data = DataConfig(source=source, task="reverse_exact", path=None if source == "builtin" else "x.jsonl")
     scorer = task_rule_scorer(reward, data)
     assert (scorer is not None) == scored
