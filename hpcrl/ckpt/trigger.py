@@ -142,7 +142,9 @@ class SaveTrigger:
         local = [
             self.every_steps > 0 and step % self.every_steps == 0,
             self._requested or signalled,
-            left is not None and left < self.safety * (self._slowest_step_s + self._slowest_save_s),
+            self.safety > 0
+            and left is not None
+            and left < self.safety * (self._slowest_step_s + self._slowest_save_s),
             self._terminating or (self.signals is not None and self.signals.terminating),
         ]
         self._requested = False

@@ -16,7 +16,6 @@ every directory hpcrl writes (hpcrl.config.output_dirs): default `<sweep>/compar
 
 from __future__ import annotations
 
-import json
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -29,7 +28,7 @@ from hpcrl.experiment.stage_kinds import stage_of
 from hpcrl.launcher.element import load_resolved
 from hpcrl.launcher.sweep_manifest import Entry, Manifest
 from hpcrl.metrics.headline import Headline
-from hpcrl.metrics.sinks import METRICS_FILE
+from hpcrl.metrics.sinks import METRICS_FILE, step_record
 
 REPORT, CURVES = "report.md", "curves.png"
 COMPARE_DIR = DirKind("a comparison report directory", frozenset({REPORT, CURVES}))
@@ -121,7 +120,7 @@ def read_curve(entry: Entry, metric: str) -> Curve:
         curve.note = f"metrics unreadable: {getattr(err, 'strerror', None) or err}"
         return curve
     for line in raw.splitlines():
-        record = _record(line)
+        record = step_record(line)
         if record is None:
             curve.skipped += 1
             continue
@@ -132,16 +131,6 @@ def read_curve(entry: Entry, metric: str) -> Curve:
             curve.steps.append(step)
             curve.values.append(float(value))
     return curve
-
-
-def _record(line: bytes) -> dict | None:
-    try:
-        record = json.loads(line)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(record, dict) or type(record.get("step")) is not int or record["step"] < 0:
-        return None
-    return record
 
 
 def _number(value: object) -> bool:

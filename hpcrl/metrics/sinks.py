@@ -48,16 +48,24 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def step_records(lines: Iterable[str | bytes]) -> Iterator[dict[str, Any]]:
-    """The records of metrics.jsonl lines that read as one: a JSON object with a non-negative int `step`.
-    A torn last line (a killed writer), a hand edit or garbage is skipped, never raised: the tolerant
+    """The records of metrics.jsonl lines that read as one (`step_record`), the others skipped: the tolerant
     reader for files another process may be writing or may have died writing."""
     for line in lines:
-        try:
-            record = json.loads(line)
-        except (ValueError, RecursionError):
-            continue
-        if isinstance(record, dict) and type(record.get("step")) is int and record["step"] >= 0:
+        record = step_record(line)
+        if record is not None:
             yield record
+
+
+def step_record(line: str | bytes) -> dict[str, Any] | None:
+    """A metrics.jsonl line as its record: a JSON object with a non-negative int `step`; None for a torn
+    last line (a killed writer), a hand edit or garbage, never an exception."""
+    try:
+        record = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    if isinstance(record, dict) and type(record.get("step")) is int and record["step"] >= 0:
+        return record
+    return None
 
 
 class TensorBoardWriter:

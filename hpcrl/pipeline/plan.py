@@ -187,14 +187,44 @@ def _upstream_model_check(
     overrides: dict[str, Any],
     track: Track,
 ) -> tuple[list[Problem], Sweep | None]:
-    """The stage's rules again as if it started from the upstream model its `model.hf_path` names; the
-    problems and the sweep so resolved (None when the stage does not start from an upstream export)."""
+    """The stage's rules again as if it started from the upstream model its `model.hf_path` names — with a
+    selection rule, from each distinct model among the elements it may pick; the problems and the sweep
+    resolved with the first of them (None when the stage does not start from an upstream export)."""
     refs = [r for r in stage.refs.get(MODEL_PATH, []) if r.output == "hf"]
     if len(refs) != 1 or stage.values.get(MODEL_PATH) != refs[0].text or MODEL_PATH in overrides:
         return [], None
     ref = refs[0]
     # checked_as: an upstream that itself starts from an export is checked with that export's model
-    upstream = upstream_stages[ref.stage].checked_as.elements[ref.element or 0].config.model
+    elements = upstream_stages[ref.stage].checked_as.elements
+    candidates = [elements[ref.element or 0]] if ref.rule is None else elements
+    distinct = {_architecture(e.config.model): e.config.model for e in candidates}
+    problems: list[Problem] = []
+    checked_as = None
+    for upstream in distinct.values():
+        found, resolved = _check_with(
+            upstream, stage, sweep, stage_overrides, ref, pipeline, overrides, track
+        )
+        problems += found
+        checked_as = checked_as or resolved
+    return problems, checked_as
+
+
+def _architecture(model) -> tuple:
+    return (model.hf_path, *(getattr(model, name) for name in ARCHITECTURE_FIELDS))
+
+
+def _check_with(
+    upstream,
+    stage: StageSpec,
+    sweep: Sweep,
+    stage_overrides: dict[str, Any],
+    ref: Reference,
+    pipeline: Path,
+    overrides: dict[str, Any],
+    track: Track,
+) -> tuple[list[Problem], Sweep | None]:
+    """The stage's own dims against `upstream` (an upstream element's model), then its rules resolved
+    with that model: the problems, and the sweep so resolved (None with problems)."""
     own = sweep.elements[0].config.model
     problems = []
     for name in ARCHITECTURE_FIELDS:

@@ -4,7 +4,6 @@ value of the chosen metric, its curve, and its log's tail (by index, from the ma
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from hpcrl.launcher import sweeps
 from hpcrl.launcher.compare import Curve, compare, headline_metric
 from hpcrl.launcher.element_logs import log_files, log_text, terminal_text
 from hpcrl.launcher.sweep_manifest import Manifest, load_manifest
-from hpcrl.metrics.sinks import METRICS_FILE
+from hpcrl.metrics.sinks import METRICS_FILE, step_records
 
 LOG_TAIL_BYTES = 16 * 1024
 """How much of an element's log the page shows (its end)."""
@@ -89,13 +88,9 @@ def logged_metrics(manifest: Manifest) -> list[str]:
     metrics.jsonl: evaluations log other keys than training steps), sorted: the page's metric choices."""
     names: set[str] = set()
     for entry in manifest.entries:
-        for line in log_text(Path(entry.run_dir) / METRICS_FILE, METRIC_SCAN_BYTES).splitlines():
-            try:
-                record = json.loads(line)
-            except (ValueError, RecursionError):
-                continue
-            if isinstance(record, dict):
-                names |= {k for k, v in record.items() if k != "step" and type(v) in (int, float)}
+        text = log_text(Path(entry.run_dir) / METRICS_FILE, METRIC_SCAN_BYTES)
+        for record in step_records(text.splitlines()):
+            names |= {k for k, v in record.items() if k != "step" and type(v) in (int, float)}
     return sorted(names)
 
 

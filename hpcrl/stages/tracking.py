@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from hpcrl.config.schema import flatten, to_dict
@@ -10,7 +9,7 @@ from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.experiment.ids import user_set
 from hpcrl.metrics.headline import Headline
 from hpcrl.metrics.logger import MetricsLogger
-from hpcrl.metrics.sinks import METRICS_FILE
+from hpcrl.metrics.sinks import METRICS_FILE, step_records
 from hpcrl.metrics.trackers import TRACKERS, TrackedRun, Tracker, TrackerOutbox
 from hpcrl.stages.run_identity import read_identity
 
@@ -48,12 +47,4 @@ def logged_before(run_dir: Path, step: int) -> list[dict]:
     path = Path(run_dir) / METRICS_FILE
     if not path.is_file():
         return []
-    records = []
-    for line in path.read_bytes().splitlines():
-        try:
-            record = json.loads(line)
-        except (ValueError, RecursionError):
-            continue
-        if isinstance(record, dict) and type(record.get("step")) is int and record["step"] < step:
-            records.append(record)
-    return records
+    return [r for r in step_records(path.read_bytes().splitlines()) if r["step"] < step]

@@ -75,6 +75,19 @@ def test_time_limit_rule_uses_the_slowest_step_and_save():
     assert trigger.decide(10, None).reasons == ("periodic", "deadline")
 
 
+def test_a_safety_of_0_never_saves_for_the_deadline_even_past_the_limit():
+    """`checkpoint.deadline_safety: 0` is "no deadline save": past the time limit (time left < 0, an attempt
+    whose signal came late) the deadline rule stays off; before, `left < 0 * ...` fired it there (seen as
+    "saved (requested, deadline)" in the one-minute requeue element of 62bd346's clean-clone run)."""
+    now = [0.0]
+    trigger = SaveTrigger(every_steps=0, time_left_s=10.0, safety=0.0, clock=lambda: now[0])
+    trigger.record_step(5.0)
+    now[0] = 30.0  # 20 s past the limit
+    assert trigger.decide(3, None).reasons == ()
+    trigger.request()
+    assert trigger.decide(4, None).reasons == ("requested",)
+
+
 @pytest.mark.dist
 def test_ranks_agree_when_only_one_rank_got_the_signal():
     decisions = run_ranks(trigger_agreement, 2)

@@ -240,6 +240,28 @@ def test_a_consumer_is_checked_against_the_model_it_starts_from(tmp_path, capsys
     ), err
 
 
+def test_a_rule_is_checked_against_every_distinct_model_it_may_pick(tmp_path, capsys):
+    """A sweep over a model dim feeds a consumer through a rule: the consumer's layout is checked with each
+    distinct model the rule may pick (element 1's one query group cannot split over t=2), not element 0's
+    alone; naming element 0, which can, passes."""
+    sweep = tmp_path / "sft_groups.yaml"
+    sweep.write_text(
+        f"extends: {TEMPLATES}/sft_tiny.yaml\nsweep:\n  grid:\n    model.num_query_groups: [2, 1]\n"
+    )
+    bare = tmp_path / "bare_rl.yaml"
+    bare.write_text(
+        f"extends: {TEMPLATES}/base.yaml\nname: bare\nstage: rl\n"
+        "data: {source: builtin, task: copy_digits, num_digits: 3, max_prompt_length: 8}\n"
+        "rollout: {engine: megatron, max_new_tokens: 3}\nalgorithm: {name: grpo, steps: 2}\n"
+    )
+    text = f"stages:\n  sft: {{template: {sweep}}}\n  rl: {{template: {bare}, set: SET}}\n"
+    by_rule = "{model.hf_path: '${stages.sft.best(sft/token_accuracy).hf}', parallel.tensor: 2}"
+    code, _, err = run_cli(capsys, "expand", _write(tmp_path, text.replace("SET", by_rule)))
+    assert code == 2 and "num_query_groups" in err and "(with stage sft's model)" in err, err
+    by_index = "{model.hf_path: '${stages.sft.0.hf}', parallel.tensor: 2}"
+    assert run_cli(capsys, "expand", _write(tmp_path, text.replace("SET", by_index)))[0] == 0
+
+
 @pytest.mark.parametrize(
     "text",
     ["${stages.a.hf", "${stages.A.hf}", "${stages.a.01.hf}", "${stages.a.max().hf}", "${stages.a.b(x).hf}"],
