@@ -10,7 +10,8 @@ its rank 0 (`bind_inputs`):
   (a restarted attempt reads it back: the same element, whatever was logged since);
 - verifies every HF export it will load (hpcrl.ckpt.export_manifest: every file listed, sizes and
   sha256, nothing added): a missing, partial or altered export is a ConfigError naming the stage and
-  the key, before anything is loaded;
+  the key, before anything is loaded; the stamps of what passed go to `<run_dir>/inputs.verified.json`,
+  and a restarted attempt re-hashes only files whose size, mtime or inode changed since;
 - returns the config values to use: the reference text in the config replaced by the chosen path.
 
 Every rank then runs with the same values (hpcrl.launcher.element broadcasts rank 0's). The file is read
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpcrl.ckpt.export_manifest import export_problem
+from hpcrl.ckpt.export_manifest import check_export
 from hpcrl.config.safe_read import read_capped
 from hpcrl.config.yaml_io import atomic_write
 from hpcrl.errors import ConfigError, Problem
@@ -34,6 +35,9 @@ from hpcrl.metrics.sinks import step_records
 
 INPUTS = "inputs.json"
 SELECTED = "inputs.selected.json"
+VERIFIED = "inputs.verified.json"
+"""Per export this element verified: its files' stamps (hpcrl.ckpt.export_manifest.check_export), so a
+restarted attempt hashes only what changed since."""
 MAX_BYTES = 4 << 20
 MAX_METRICS_BYTES = 1 << 30
 """A candidate's metrics.jsonl read to pick by a rule: a million steps of a hundred metrics fit."""
@@ -110,13 +114,17 @@ def bind_inputs(run_dir: Path, inputs: list[Input], values: dict[str, Any]) -> d
     if not inputs:
         return {}
     selected = _selected(run_dir)
+    verified = _read_json(run_dir / VERIFIED)
+    stamps: dict[str, Any] = {}
     bound: dict[str, Any] = {}
     for item in inputs:
         chosen = _choose(item, selected)
-        if item.output == "hf" and (problem := export_problem(Path(chosen))):
-            raise ConfigError(
-                Problem(f"the export of stage {item.stage} cannot be used: {problem}", key=item.key)
-            )
+        if item.output == "hf":
+            problem, stamps[chosen] = check_export(Path(chosen), verified.get(chosen))
+            if problem:
+                raise ConfigError(
+                    Problem(f"the export of stage {item.stage} cannot be used: {problem}", key=item.key)
+                )
         current = bound.get(item.key, values.get(item.key))
         if not isinstance(current, str) or item.reference not in current:
             raise ConfigError(Problem(f"the config does not hold {item.reference}", key=item.key))
@@ -124,12 +132,19 @@ def bind_inputs(run_dir: Path, inputs: list[Input], values: dict[str, Any]) -> d
     if selected.get("changed"):
         selected.pop("changed")
         atomic_write(run_dir / SELECTED, json.dumps(selected, indent=1))
+    if stamps and stamps != verified:
+        atomic_write(run_dir / VERIFIED, json.dumps(stamps))
     return bound
 
 
 def _selected(run_dir: Path) -> dict[str, Any]:
+    return _read_json(run_dir / SELECTED)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    """A JSON object this element wrote earlier; anything else (absent, garbage, a link): empty."""
     try:
-        data = json.loads(read_capped(run_dir / SELECTED, MAX_BYTES, follow_symlinks=False).decode("utf-8"))
+        data = json.loads(read_capped(path, MAX_BYTES, follow_symlinks=False).decode("utf-8"))
     except (OSError, ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}

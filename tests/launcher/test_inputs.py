@@ -6,6 +6,7 @@ refused naming the stage and key; inputs.json is untrusted (any bytes: refused o
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 
 from hpcrl.ckpt.export_manifest import EXPORT_MANIFEST, export_problem, write_export_manifest
 from hpcrl.errors import ConfigError
-from hpcrl.launcher.inputs import SELECTED, Input, bind_inputs, read_inputs, write_inputs
+from hpcrl.launcher.inputs import SELECTED, VERIFIED, Input, bind_inputs, read_inputs, write_inputs
 
 
 def _export(directory: Path) -> Path:
@@ -104,6 +105,48 @@ def test_an_export_that_is_not_the_one_written_is_refused_before_it_is_used(tmp_
     problem = err.value.problems[0]
     assert problem.key == "model.hf_path" and "the export of stage sft cannot be used" in problem.message
     assert words in problem.message, problem.message
+
+
+def _age(directory: Path, seconds: float) -> None:
+    for path in directory.rglob("*"):
+        info = path.stat()
+        os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns - int(seconds * 1e9)))
+
+
+def test_a_restarted_consumer_hashes_only_what_changed_and_still_refuses_an_altered_export(
+    tmp_path, monkeypatch
+):
+    """A restart of the consumer re-hashes no file whose size, mtime and inode are those it verified
+    (inputs.verified.json); a file rewritten since is hashed again and refused; a file written within the
+    racy window of a check is never trusted by its stamp; hostile stamps only cost a re-hash."""
+    import hpcrl.ckpt.export_manifest as manifest
+
+    hashed: list[str] = []
+    real = manifest.file_sha256
+    monkeypatch.setattr(manifest, "file_sha256", lambda path: hashed.append(Path(path).name) or real(path))
+    runs = _candidates(tmp_path, [0.1])
+    me = _consumer(tmp_path, runs, None)
+    hf = runs[0] / "hf"
+
+    def bind() -> dict:
+        hashed.clear()
+        return bind_inputs(me, read_inputs(me), {"model.hf_path": str(hf)})
+
+    assert bind() and sorted(hashed) == ["config.json", "model.safetensors", "vocab.json"]
+    assert bind() and len(hashed) == 3  # just written: racily clean, no stamp trusted yet
+    _age(hf, 3600)
+    assert bind() and len(hashed) == 3  # stamps recorded now
+    assert bind() and hashed == []  # the restart: nothing changed, nothing hashed
+    (hf / "config.json").write_text('{"vocab_size": 17}')  # same size, rewritten in place
+    with pytest.raises(ConfigError, match="config.json is not the file the export wrote"):
+        bind()
+    assert hashed == ["config.json"]
+    (hf / "config.json").write_text('{"vocab_size": 16}')
+    _age(hf, 3600)
+    assert bind() and bind() == {"model.hf_path": str(hf)} and hashed == []
+    for hostile in ("[1, 2]", json.dumps({str(hf): {"config.json": "x"}}), "\u0000garbage", "{" * 100000):
+        (me / VERIFIED).write_text(hostile)
+        assert bind() and len(hashed) >= 1  # untrusted stamps: hashed again, still bound
 
 
 def test_a_config_that_does_not_hold_the_reference_is_refused(tmp_path):
