@@ -31,6 +31,8 @@ NAMES = (TASK, *RULES, MODEL)
 SOURCES = (*NAMES, FUNCTION)
 """Every reward source, the keys of `reward.terms`."""
 NAN_POLICIES = ("error", "skip")
+TERM_METRIC = "reward_term/"
+"""The prefix of each term's batch mean among a mix's metrics: `reward_term/<source>`."""
 
 
 class TermFailed(ValueError):
@@ -184,6 +186,6 @@ class WeightedScorer:
                     totals[i] += weight * float(value)
                     finite.append(float(value))
             if finite:
-                self.last_metrics[f"reward_term/{source}"] = sum(finite) / len(finite)
+                self.last_metrics[f"{TERM_METRIC}{source}"] = sum(finite) / len(finite)
             self.last_metrics |= getattr(scorer, "last_metrics", {})
         return [err if err is not None else total for err, total in zip(failed, totals, strict=True)]

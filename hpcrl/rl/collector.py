@@ -20,6 +20,7 @@ from hpcrl.algorithm.registry import ALGORITHMS
 from hpcrl.data.cursor import PromptSampler
 from hpcrl.data.tasks import Example
 from hpcrl.rewards.scoring import BatchScorer, score_batch
+from hpcrl.rewards.terms import TERM_METRIC
 from hpcrl.rl.experience import Experience
 from hpcrl.rl.shaping import first_groups, informative_groups, overlong_penalty
 from hpcrl.rl.timing import PhaseTimer
@@ -30,8 +31,6 @@ HELDOUT = "reward/heldout"
 """The training reward's mean over greedy held-out responses."""
 HELDOUT_TASK = "reward/heldout_task"
 """The built-in task rule's mean over the same responses, when the training reward is another."""
-TERM = "reward_term/"
-"""The prefix of a mix's per-term means (hpcrl.rewards.terms.WeightedScorer)."""
 
 
 @dataclass
@@ -132,9 +131,9 @@ class Collector:
         result = self._score(exp.examples, exp.responses)
         out = {HELDOUT: float(result.scores_B.mean())}
         out |= {
-            f"{HELDOUT}_term/{key.removeprefix(TERM)}": value
+            f"{HELDOUT}_term/{key.removeprefix(TERM_METRIC)}": value
             for key, value in result.metrics.items()
-            if key.startswith(TERM)
+            if key.startswith(TERM_METRIC)
         }
         if self.task_scorer is not None:
             prompts, answers = [e.prompt for e in exp.examples], [e.answer for e in exp.examples]
