@@ -40,6 +40,7 @@ from hpcrl.config.schema import (
 from hpcrl.config.sweep_axes import SweepPlan, check_sweep
 from hpcrl.config.template import Template, load_template
 from hpcrl.config.text_rules import string_problems
+from hpcrl.env.spec import KEY as ENVIRONMENT
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.experiment.elements import ElementMaker, Elements, ResolvedConfig
@@ -47,7 +48,7 @@ from hpcrl.experiment.ids import config_id
 from hpcrl.experiment.stage_kinds import config_rules, section_problems, stage_data
 from hpcrl.progress import Track, untracked
 from hpcrl.rewards.function import KEY as REWARD_FUNCTION
-from hpcrl.rewards.function import absolute_spec
+from hpcrl.usercode.spec import absolute_spec
 
 __all__ = ["ResolvedConfig", "Sweep", "config_id", "element_problems", "resolve"]
 
@@ -133,10 +134,24 @@ def _stage_problems(values: dict[str, Any], plan: SweepPlan | None, template: Te
     return section_problems(stage, first.values(), origin_of)
 
 
-RELATIVE_TO_TEMPLATE = {REWARD_FUNCTION: absolute_spec}
+RELATIVE_TO_TEMPLATE = {REWARD_FUNCTION: absolute_spec, ENVIRONMENT: absolute_spec}
 """Keys whose relative file paths mean the directory of the file that sets them (the template, the
 sweep's file; the working directory for the command line), made absolute here so that every rank and
 every resume reads the same file."""
+USER_CODE_KEYS = (REWARD_FUNCTION, ENVIRONMENT)
+"""Keys that name user code (a file or module run by the ranks): their sources' digests are recorded."""
+
+
+def user_code_specs(cfg: Any) -> dict[str, str]:
+    """The user code a config names, by key (those of USER_CODE_KEYS it sets)."""
+    specs = {}
+    for key in USER_CODE_KEYS:
+        value = cfg
+        for part in key.split("."):
+            value = getattr(value, part, None)
+        if isinstance(value, str):
+            specs[key] = value
+    return specs
 
 
 def _anchor_paths(base: dict[str, Any], plan: SweepPlan | None, template: Template) -> None:

@@ -29,7 +29,7 @@ from hpcrl.config.yaml_io import MAX_YAML_BYTES, load_yaml
 from hpcrl.errors import ClusterError, ConfigError, Problem, cut
 from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.experiment.ids import config_id
-from hpcrl.experiment.resolve import ResolvedConfig, Sweep
+from hpcrl.experiment.resolve import ResolvedConfig, Sweep, user_code_specs
 from hpcrl.experiment.stage_kinds import section_problems, stage_data
 from hpcrl.launcher import local, preflight, slurm
 from hpcrl.launcher.element import read_launcher_state
@@ -45,7 +45,7 @@ from hpcrl.launcher.sweep_manifest import (
     load_manifest,
 )
 from hpcrl.progress import Track, untracked
-from hpcrl.rewards.function import source_sha256
+from hpcrl.usercode.spec import source_sha256
 
 SLURM_DIR = "slurm"
 SBATCH_DIR = "sbatch"
@@ -243,8 +243,8 @@ def prepare(
     refused: list[Problem] = []
     for e in track(sweep.elements, len(sweep.elements), "writing configs"):
         run_dir = e.run_dir
-        if (spec := e.config.reward.function) and spec not in code:  # user code: its digest at submit
-            code[spec] = source_sha256(spec) or "unreadable"
+        for spec in user_code_specs(e.config).values():  # user code: its digest at submit
+            code.setdefault(spec, source_sha256(spec) or "unreadable")
         # A run dir's config.yaml that is not this element's is refused: all of them, then stop.
         try:
             config_path = write_dry_run_config(e, folder) if dry_run else write_config(e, run_dir)

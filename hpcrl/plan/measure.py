@@ -69,8 +69,8 @@ def update_shape(cfg: ExperimentConfig) -> UpdateShape:
         s = context_tokens(cfg)
         return UpdateShape(rows_per_step(cfg), s, s // 2, scalar=offline.scalar_head)
     sequences = cfg.algorithm.prompts_per_step * cfg.rollout.samples_per_prompt
-    s = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
-    return UpdateShape(sequences, s, cfg.rollout.max_new_tokens)
+    s = cfg.data.max_prompt_length + cfg.rollout.response_tokens()
+    return UpdateShape(sequences, s, cfg.rollout.response_tokens())
 
 
 def _grpo_like_loss(outputs, mb):

@@ -170,7 +170,7 @@ def model_dims(model: ModelConfig) -> fm.Dims:
 
 def sequence_tokens(cfg: ExperimentConfig) -> int:
     """s = longest prompt + response (the padded training length)."""
-    return cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+    return cfg.data.max_prompt_length + cfg.rollout.response_tokens()
 
 
 def micro_batch(cfg: ExperimentConfig) -> int:

@@ -23,54 +23,26 @@ process it started), dies, returns the wrong count or a non-number is a failure 
 from __future__ import annotations
 
 import ast
-import hashlib
 import math
 from collections.abc import Sequence
-from pathlib import Path
 
-from hpcrl.config.safe_read import read_capped
 from hpcrl.errors import Problem, cut, short
 from hpcrl.usercode.runner import DEFAULT_MEMORY_BYTES, UserCodeError, UserCodeRunner
-from hpcrl.usercode.spec import FunctionSpec
+from hpcrl.usercode.spec import read_source_tree
 
 KEY = "reward.function"
-MAX_SOURCE_BYTES = 1 << 20
-"""A reward file larger than 1 MiB is not a reward function."""
 ARGUMENTS = ("prompts", "responses", "answers", "extras")
 MAX_KEY_CHARS = 64
 """An extra number's key is logged as reward_fn/<key>, printable and at most this long."""
 
 
-def absolute_spec(text: str, base_dir: Path) -> str:
-    """`text` with a relative file path made absolute against `base_dir` (the template's directory);
-    anything else unchanged (a bad spec is reported by `function_problems`)."""
-    try:
-        spec = FunctionSpec.parse(text)
-    except ValueError:
-        return text
-    if spec.path is None or Path(spec.path).is_absolute():
-        return text
-    return f"{(base_dir / spec.path).absolute()}:{spec.name}"
-
-
 def function_problems(text: str) -> list[Problem]:
     """Why `text` cannot name a reward function (see the module docstring); nothing is executed."""
-    try:
-        spec = FunctionSpec.parse(text)
-    except ValueError as err:
-        return [Problem(str(err), key=KEY)]
-    source = spec.source_file()
-    if source is None:
-        return [
-            Problem(f"module {spec.module!r} is not found on the Python path (nothing imported)", key=KEY)
-        ]
-    try:
-        raw = read_capped(source, MAX_SOURCE_BYTES)
-        tree = ast.parse(raw.decode("utf-8"), filename=str(source))
-    except (OSError, ValueError, SyntaxError, RecursionError, MemoryError) as err:
-        why = getattr(err, "strerror", None) or getattr(err, "msg", None) or err
-        return [Problem(f"cannot read the reward function's source: {why}", file=str(source), key=KEY)]
-    return [Problem(p, file=str(source), key=KEY) for p in _definition_problems(tree, spec.name)]
+    found = read_source_tree(text, KEY, "reward function")
+    if isinstance(found, list):
+        return found
+    spec, tree = found
+    return [Problem(p, file=str(spec.source_file()), key=KEY) for p in _definition_problems(tree, spec.name)]
 
 
 def _definition_problems(tree: ast.Module, name: str) -> list[str]:
@@ -86,16 +58,6 @@ def _definition_problems(tree: ast.Module, name: str) -> list[str]:
             f"{name}({', '.join(ARGUMENTS)}): it must take these four positional arguments"
         ]
     return []
-
-
-def source_sha256(text: str) -> str | None:
-    """sha256 of the function's source file (None when it cannot be read or found)."""
-    try:
-        spec = FunctionSpec.parse(text)
-        source = spec.source_file()
-        return hashlib.sha256(read_capped(source, MAX_SOURCE_BYTES)).hexdigest() if source else None
-    except (OSError, ValueError):
-        return None
 
 
 class FunctionScorer:

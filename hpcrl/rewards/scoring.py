@@ -20,7 +20,15 @@ from hpcrl.rewards.config import RewardConfig
 from hpcrl.rewards.function import FunctionScorer
 from hpcrl.rewards.reward_model import RewardModelScorer
 from hpcrl.rewards.rule_rewards import RULES, task_rule
-from hpcrl.rewards.terms import FUNCTION, MODEL, TASK, WeightedScorer, reward_problems, sources_of
+from hpcrl.rewards.terms import (
+    FUNCTION,
+    MODEL,
+    TASK,
+    WeightedScorer,
+    reward_problems,
+    scores_nothing,
+    sources_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,17 +69,30 @@ def rule_batch_scorer(rule: Callable[[str, str, str], float]) -> BatchScorer:
     return score
 
 
-def build_scorer(reward: RewardConfig, data: DataConfig, *, model: BatchScorer | None = None) -> BatchScorer:
+def build_scorer(
+    reward: RewardConfig, data: DataConfig, *, model: BatchScorer | None = None, environment: bool = False
+) -> BatchScorer:
     """The batch scorer of the reward section: one source, or the weighted mix of `reward.terms`. The
     reward model is `model` when the job runs it as a model role (reward.model_backend megatron), else
-    transformers' loads its weights here. The section's rules run first (hpcrl.rewards.terms)."""
-    problems = reward_problems(reward, data)
+    transformers' loads its weights here. The section's rules run first (hpcrl.rewards.terms).
+    `environment`: episodes of a multi-turn environment are scored (their last turn); a section that
+    names no reward then scores 0 (the environment's rewards alone)."""
+    problems = reward_problems(reward, data, environment)
     if problems:
         raise ConfigError(problems)
+    if scores_nothing(reward):
+        return _no_reward
     if reward.terms is None:
         [source] = sources_of(reward)
         return _source_scorer(source, reward, data, model)
     return WeightedScorer([(s, w, _source_scorer(s, reward, data, model)) for s, w in reward.terms.items()])
+
+
+def _no_reward(prompts: Sequence[str], responses: Sequence[str], answers: Sequence[str]) -> list[float]:  # noqa: ARG001
+    return [0.0] * len(responses)
+
+
+_no_reward.__name__ = "none (the environment's rewards alone)"
 
 
 def task_rule_scorer(reward: RewardConfig, data: DataConfig) -> BatchScorer | None:

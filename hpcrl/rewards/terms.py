@@ -55,14 +55,16 @@ def megatron_reward_model(reward: RewardConfig, policy: ModelConfig) -> ModelCon
     return ModelConfig(hf_path=reward.model_path, dtype=policy.dtype)
 
 
-def reward_problems(reward: RewardConfig, data: DataConfig) -> list[Problem]:
+def reward_problems(reward: RewardConfig, data: DataConfig, environment: bool = False) -> list[Problem]:
     """Every rule of the reward section that reads no file (reward.function's source is checked by
-    hpcrl.rewards.function.function_problems, the model directory by the ranks that load it)."""
+    hpcrl.rewards.function.function_problems, the model directory by the ranks that load it).
+    `environment`: a multi-turn environment rewards the episodes (rollout.env), so the section may name
+    no reward (reward.name null: the environment's rewards alone)."""
     out = []
     if reward.nan_policy not in NAN_POLICIES:
         message = f"{short(reward.nan_policy)} is not one of {NAN_POLICIES}"
         out.append(Problem(message, key="reward.nan_policy"))
-    chosen = _terms_problems(reward) if reward.terms is not None else _name_problems(reward)
+    chosen = _terms_problems(reward) if reward.terms is not None else _name_problems(reward, environment)
     out += chosen
     sources = {} if chosen else sources_of(reward)
     if MODEL in sources and not reward.model_path:
@@ -111,11 +113,18 @@ def _named(reward: RewardConfig) -> str:
     return "reward.function" if reward.function is not None else f"reward.name {reward.name}"
 
 
-def _name_problems(reward: RewardConfig) -> list[Problem]:
+def scores_nothing(reward: RewardConfig) -> bool:
+    """reward.name null with no terms and no function: only a multi-turn environment's rewards count."""
+    return reward.name is None and reward.terms is None and reward.function is None
+
+
+def _name_problems(reward: RewardConfig, environment: bool) -> list[Problem]:
     if reward.function is not None:
         if reward.name not in (TASK, None):
             message = f"reward.function replaces reward.name: leave reward.name out (or null), not {short(reward.name)}"
             return [Problem(message, key="reward.name")]
+        return []
+    if reward.name is None and environment:
         return []
     if reward.name is None:
         message = (

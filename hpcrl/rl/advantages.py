@@ -61,35 +61,46 @@ def masked_whiten(x_BT: torch.Tensor, mask_BT: torch.Tensor, eps: float = 1e-8) 
     return centered * torch.rsqrt(var + eps) * mask_BT
 
 
-def outcome_to_token_rewards(scores_B: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
-    """Place each sequence's outcome reward on its last real token (0 elsewhere)."""
-    lengths_B = mask_BT.sum(dim=1).long()
+def outcome_to_token_rewards(
+    scores_B: torch.Tensor, mask_BT: torch.Tensor, env_rewards_BT: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Per-token rewards that sum to each sequence's score: a multi-turn episode's environment rewards
+    where they were earned (`env_rewards_BT`: on the last token of each turn, hpcrl.rl.episodes), the
+    rest of the score (the outcome; the reward section's score and penalties) on the last real token -
+    the last where the mask is 1, which an episode's observations (mask 0) may follow. 0 elsewhere."""
+    T = mask_BT.shape[1]
+    has_tokens = mask_BT.sum(dim=1) > 0
+    last_B = T - 1 - mask_BT.flip(1).argmax(dim=1)
+    rest_B = scores_B if env_rewards_BT is None else scores_B - env_rewards_BT.sum(dim=1)
     rewards_BT = torch.zeros_like(mask_BT, dtype=scores_B.dtype)
-    has_tokens = lengths_B > 0
     rows = torch.arange(mask_BT.shape[0])[has_tokens]
-    rewards_BT[rows, lengths_B[has_tokens] - 1] = scores_B[has_tokens]
-    return rewards_BT
+    rewards_BT[rows, last_B[has_tokens]] = rest_B[has_tokens]
+    return rewards_BT if env_rewards_BT is None else rewards_BT + env_rewards_BT.to(rewards_BT) * mask_BT
 
 
 def kl_shaped_rewards(
-    scores_B: torch.Tensor, mask_BT: torch.Tensor, kl_BT: torch.Tensor, kl_coef: float
+    token_rewards_BT: torch.Tensor, mask_BT: torch.Tensor, kl_BT: torch.Tensor, kl_coef: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """KL in the reward (`algorithm.kl_in_reward`; Ouyang et al. 2022, InstructGPT eq. 2; verl's
-    apply_kl_penalty): token rewards r_t = outcome·[t = last] − β·KL_t, and the sequence score every
-    outcome-only estimator (GRPO, RLOO, ReMax) reads is their sum, score − β·Σ_t KL_t (verl's
-    compute_advantage passes token_level_rewards.sum(-1) to them), so the penalty reaches every
-    estimator. Returns (scores_B, token_rewards_BT); padding carries no KL."""
-    token_rewards_BT = outcome_to_token_rewards(scores_B, mask_BT) - kl_coef * kl_BT * mask_BT
-    return token_rewards_BT.sum(dim=1), token_rewards_BT
+    apply_kl_penalty): token rewards r_t = r_t^task − β·KL_t (r^task: `outcome_to_token_rewards`), and
+    the sequence score every outcome-only estimator (GRPO, RLOO, ReMax) reads is their sum,
+    score − β·Σ_t KL_t (verl's compute_advantage passes token_level_rewards.sum(-1) to them), so the
+    penalty reaches every estimator. Returns (scores_B, token_rewards_BT); padding and an episode's
+    observations carry no KL."""
+    shaped_BT = token_rewards_BT - kl_coef * kl_BT * mask_BT
+    return shaped_BT.sum(dim=1), shaped_BT
 
 
 def discounted_returns(token_rewards_BT: torch.Tensor, mask_BT: torch.Tensor, gamma: float) -> torch.Tensor:
-    """G_t = r_t + gamma * G_{t+1}, stopping at padding (returns are 0 on padding)."""
+    """G_t = r_t + gamma * G_{t+1} over the masked tokens (returns are 0 where the mask is 0). A masked-out
+    token is skipped, not a stop: an episode's observation between two turns passes turn 2's return
+    back to turn 1 (verl's multi-turn masks do the same); right padding has nothing after it."""
     returns_BT = torch.zeros_like(token_rewards_BT)
     running_B = torch.zeros_like(token_rewards_BT[:, 0])
     for t in reversed(range(token_rewards_BT.shape[1])):
-        running_B = (token_rewards_BT[:, t] + gamma * running_B) * mask_BT[:, t]
-        returns_BT[:, t] = running_B
+        m_B = mask_BT[:, t]
+        running_B = (token_rewards_BT[:, t] + gamma * running_B) * m_B + running_B * (1 - m_B)
+        returns_BT[:, t] = running_B * m_B
     return returns_BT
 
 
@@ -100,7 +111,10 @@ def gae(
     Using GAE", eq. 16): delta_t = r_t + gamma V(s_{t+1}) - V(s_t), A_t = sum_l (gamma lam)^l delta_{t+l}.
 
     V after the last real token is 0 (the episode ends). Returns (advantages_BT, returns_BT = A + V),
-    both 0 on padding. Not whitened; `ppo_advantages` whitens.
+    both 0 where the mask is 0. A masked-out token is skipped: the next real token's value and GAE pass
+    through it, so an episode's observation tokens join turn 1 to turn 2 (s_{t+1} of turn 1's last token
+    is turn 2's first; verl's compute_gae_advantage_return does the same). Not whitened; `ppo_advantages`
+    whitens.
     """
     advantages_BT = torch.zeros_like(token_rewards_BT)
     last_gae_B = torch.zeros_like(token_rewards_BT[:, 0])
@@ -108,8 +122,8 @@ def gae(
     for t in reversed(range(token_rewards_BT.shape[1])):
         m_B = mask_BT[:, t]
         delta_B = token_rewards_BT[:, t] + gamma * next_value_B - values_BT[:, t]
-        last_gae_B = (delta_B + gamma * lam * last_gae_B) * m_B
-        advantages_BT[:, t] = last_gae_B
+        last_gae_B = (delta_B + gamma * lam * last_gae_B) * m_B + last_gae_B * (1 - m_B)
+        advantages_BT[:, t] = last_gae_B * m_B
         # A padded position passes the next real value through unchanged (right padding: stays 0).
         next_value_B = values_BT[:, t] * m_B + next_value_B * (1 - m_B)
     returns_BT = (advantages_BT + values_BT) * mask_BT

@@ -34,6 +34,7 @@ from hpcrl.reshard.transport import make_groups
 from hpcrl.rewards.scoring import build_scorer, task_rule_scorer
 from hpcrl.rl.collector import Collector, CollectorSettings, PromptCodec
 from hpcrl.rl.driver import RLDriver
+from hpcrl.rl.episodes import build_episode_runner
 from hpcrl.rl.handoff import SideInputs, build_rollout_side
 from hpcrl.rl.learner import Learner, Models
 from hpcrl.rl.offpolicy.placement import async_placement_problems, build_async_driver
@@ -168,7 +169,7 @@ class JobInputs:
         return metrics_logger(self.cfg, self.run_dir, self.cfg.algorithm.steps, is_main=self.rank == 0)
 
     def learner(self, models: Models) -> Learner:
-        return Learner(self.cfg.algorithm, self.cfg.rollout.max_new_tokens, models)
+        return Learner(self.cfg.algorithm, self.cfg.rollout.response_tokens(), models)
 
     def collector(self, rollout: RolloutWorker, reward_model: TrainerWorker | None = None) -> Collector:
         return build_collector(self.cfg, rollout, self.tokenizer, self.sampler(), self.heldout, reward_model)
@@ -228,9 +229,10 @@ def build_collector(
         cfg.rollout.samples_per_prompt,
         cfg.reward.nan_policy,
         seed=cfg.seed,
+        env=cfg.rollout.env,
     )
     model = MegatronRewardScorer(reward_model, tokenizer) if reward_model is not None else None
-    scorer = build_scorer(cfg.reward, cfg.data, model=model)
+    scorer = build_scorer(cfg.reward, cfg.data, model=model, environment=cfg.rollout.env is not None)
     task_scorer = task_rule_scorer(cfg.reward, cfg.data)
     return Collector(settings, rollout, codec, scorer, sampler, heldout, task_scorer)
 
@@ -290,6 +292,7 @@ def _build_actor_and_rollout(
         tokenizer.pad_token_id,
         sleep=side.sleep,
         max_num_seqs=None if kind.schedules_its_batches else cfg.rollout.max_num_seqs,
+        episodes=build_episode_runner(cfg.rollout, tokenizer),
     )
     return actor, rollout, side.handoff
 

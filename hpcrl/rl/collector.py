@@ -21,6 +21,7 @@ from hpcrl.data.cursor import PromptSampler
 from hpcrl.data.tasks import Example
 from hpcrl.rewards.scoring import BatchScorer, score_batch
 from hpcrl.rewards.terms import TERM_METRIC
+from hpcrl.rl.episodes import EpisodeOutcome, episode_outcome, last_turn_mask
 from hpcrl.rl.experience import Experience
 from hpcrl.rl.shaping import first_groups, informative_groups, overlong_penalty
 from hpcrl.rl.timing import PhaseTimer
@@ -71,6 +72,8 @@ class CollectorSettings:
     samples_per_prompt: int
     nan_policy: str
     seed: int = 0
+    env: str | None = None
+    """The multi-turn environment (rollout.env): each sample is an episode against it."""
 
 
 class Collector:
@@ -129,7 +132,11 @@ class Collector:
         no reward trained on)."""
         exp = self.generate_scored(self.heldout, self.sampling.greedy(), seed=self.seed + 10**6 + step)
         result = self._score(exp.examples, exp.responses)
-        out = {HELDOUT: float(result.scores_B.mean())}
+        scores_B, outcome = result.scores_B, self._outcome(exp)
+        if outcome is not None:
+            keep_B = outcome.keep_B & result.keep_B
+            scores_B = (scores_B + outcome.returns_B)[keep_B]
+        out = {HELDOUT: float(scores_B.mean())}
         out |= {
             f"{HELDOUT}_term/{key.removeprefix(TERM_METRIC)}": value
             for key, value in result.metrics.items()
@@ -142,12 +149,19 @@ class Collector:
         return out
 
     def generate_scored(self, examples: list[Example], sampling: SamplingParams, seed: int) -> Experience:
-        """Responses to `examples` (decoded into `exp.responses`), not yet scored."""
+        """Responses to `examples` (decoded into `exp.responses`), not yet scored. With an environment,
+        episodes: their tensors go to `exp.tensors` (context_mask_BT, env_rewards_BT, turns_BT), their
+        errors and infos to `exp.episodes` until scoring, and `exp.responses` hold their last turns."""
         prompt_ids = self.codec.encode([e.prompt for e in examples])
-        gen = self.rollout.generate(prompt_ids, sampling, seed)
+        resets = [{"prompt": e.prompt, "answer": e.answer} for e in examples] if self.settings.env else None
+        gen = self.rollout.generate(prompt_ids, sampling, seed, resets)
+        extras, gen.extras = gen.extras, {}
         groups = torch.arange(len(examples))
         exp = Experience.from_generation(examples, groups, prompt_ids, gen, self.rollout.pad_id)
-        exp.responses = self._decode(gen.response_ids_BT, gen.response_mask_BT)
+        exp.tensors |= {k: v for k, v in extras.items() if isinstance(v, torch.Tensor)}
+        exp.episodes = {k: v for k, v in extras.items() if not isinstance(v, torch.Tensor)}
+        answer_BT = last_turn_mask(extras["turns_BT"]) if extras else gen.response_mask_BT
+        exp.responses = self._decode(gen.response_ids_BT, answer_BT)
         return exp
 
     def _rollout_batch(
@@ -167,14 +181,32 @@ class Collector:
         with timer.phase("reward"):
             result = self._score(exp.examples, exp.responses)
             exp.scores_B = result.scores_B + self._length_penalty(exp)
+            keep_B, metrics = result.keep_B, dict(result.metrics)
+            if (outcome := self._outcome(exp)) is not None:
+                exp.scores_B = exp.scores_B + outcome.returns_B
+                keep_B, metrics = keep_B & outcome.keep_B, metrics | outcome.metrics
             if baseline_B is not None:
                 exp.tensors["baseline_B"] = baseline_B.repeat_interleave(self.k)
-            exp = exp.select(result.keep_B) if result.num_skipped else exp
-        return exp, result.num_skipped, result.metrics
+            skipped = int((~keep_B).sum())
+            exp = exp.select(keep_B) if skipped else exp
+        return exp, skipped, metrics
 
     def _greedy_baseline(self, prompts: list[Example], step: int) -> torch.Tensor:
         exp = self.generate_scored(prompts, self.sampling.greedy(), seed=step)
-        return self._score(exp.examples, exp.responses).scores_B + self._length_penalty(exp)
+        scores_B = self._score(exp.examples, exp.responses).scores_B + self._length_penalty(exp)
+        outcome = self._outcome(exp)
+        return scores_B if outcome is None else scores_B + outcome.returns_B * outcome.keep_B
+
+    def _outcome(self, exp: Experience) -> EpisodeOutcome | None:
+        """The environment's returns, failures and metrics of episodes (None for single responses)."""
+        if not exp.episodes:
+            return None
+        extras = exp.episodes | {
+            "turns_BT": exp.tensors["turns_BT"],
+            "env_rewards_BT": exp.tensors["env_rewards_BT"],
+        }
+        exp.episodes = {}
+        return episode_outcome(extras, self.settings.env, self.nan_policy)
 
     def _length_penalty(self, exp: Experience) -> torch.Tensor:
         a = self.algo

@@ -32,7 +32,10 @@ class Experience:
     responses: list[str] = field(default_factory=list)
     scores_B: torch.Tensor | None = None
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
-    """Response-space [B, T] (or [B]) tensors filled by the dataflow: old_logprobs_BT, values_BT, ..."""
+    """Response-space [B, T] (or [B]) tensors filled by the dataflow: old_logprobs_BT, values_BT, ...;
+    episodes' context_mask_BT, env_rewards_BT and turns_BT (hpcrl.rl.episodes)."""
+    episodes: dict[str, list] = field(default_factory=dict)
+    """Episodes' errors and infos (env_errors, env_info) between generation and scoring (never saved)."""
 
     @classmethod
     def from_generation(
@@ -85,12 +88,18 @@ class Experience:
             ]
         )
 
+    @property
+    def context_mask_BT(self) -> torch.Tensor:
+        """1.0 on every response-space token the model reads: its own, and an episode's observations."""
+        return self.tensors.get("context_mask_BT", self.gen.response_mask_BT)
+
     def train_batch(self, extras: dict[str, torch.Tensor] | None = None) -> TrainBatch:
-        """The [B, S] batch for the trainer; response-space extras are moved to sequence space."""
+        """The [B, S] batch for the trainer; response-space extras are moved to sequence space. The
+        trainer attends to the context (observations included); its losses read the response mask."""
         mask_BT = self.gen.response_mask_BT
         return TrainBatch(
             input_ids_BT=torch.cat([self.prompt_ids_BP, self.gen.response_ids_BT], dim=1),
-            attention_mask_BT=torch.cat([self.prompt_mask_BP.bool(), mask_BT.bool()], dim=1),
+            attention_mask_BT=torch.cat([self.prompt_mask_BP.bool(), self.context_mask_BT.bool()], dim=1),
             response_mask_BT=self.to_full(mask_BT).bool(),
             extras={k: self.to_full(v) if v.dim() == 2 else v for k, v in (extras or {}).items()},
         )

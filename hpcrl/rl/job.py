@@ -18,6 +18,7 @@ from hpcrl.config.schema import range_problems
 from hpcrl.distributed.layout import ParallelLayout
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.config import ExperimentConfig
+from hpcrl.experiment.kinds.rl import context_problems
 from hpcrl.experiment.stage_kinds import stage_of
 from hpcrl.lifecycle import Lifecycle
 from hpcrl.rl.assemble import build_job, placement_problems, rollout_engine_problems, training_world
@@ -46,15 +47,7 @@ def config_problems(cfg: ExperimentConfig, world_size: int) -> list[Problem]:
         problems.extend(err.problems)
         layout = None
     problems.extend(rollout_engine_problems(cfg, EngineFacts.here()))
-    needed = cfg.data.max_prompt_length + rollout.max_new_tokens
-    if cfg.model.hf_path is None and needed > cfg.model.max_position_embeddings:
-        problems.append(
-            Problem(
-                f"max_prompt_length + max_new_tokens = {needed} exceeds the model's context "
-                f"{cfg.model.max_position_embeddings}",
-                key="model.max_position_embeddings",
-            )
-        )
+    problems.extend(context_problems(cfg))
     return problems
 
 

@@ -100,14 +100,14 @@ class Learner:
             exp.tensors["tis_weights"] = weights
             metrics["tis/weight_mean"], metrics["tis/clip_frac"] = tis.weight_mean, tis.clip_fraction
         scores = exp.scores_B
-        token_rewards = outcome_to_token_rewards(scores, mask)
+        token_rewards = outcome_to_token_rewards(scores, mask, exp.tensors.get("env_rewards_BT"))
         if pending_ref is not None:
             ref_logp, _ = response_logprobs(exp, pending_ref.result())
             exp.tensors["ref_logprobs"] = ref_logp
             kl_BT = kl_penalty(old_logp, ref_logp, self.algo.kl_estimator) * mask
             metrics["kl/ref"] = float(masked_mean(kl_BT, mask))
             if self.algo.kl_in_reward:  # every estimator sees score - beta * sum_t KL_t
-                scores, token_rewards = kl_shaped_rewards(scores, mask, kl_BT, self.algo.kl_coef)
+                scores, token_rewards = kl_shaped_rewards(token_rewards, mask, kl_BT, self.algo.kl_coef)
                 metrics["reward/kl_shaped_mean"] = float(scores.mean())
         teacher_logp = None
         if pending_teacher is not None:

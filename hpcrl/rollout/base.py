@@ -6,8 +6,8 @@ Shape legend: B = prompts in the call, P = prompt tokens (left padded), T = resp
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 
@@ -49,6 +49,10 @@ class GenerationOutput:
     """1.0 on real response tokens (up to and including EOS)."""
     logprobs_BT: torch.Tensor
     """log pi(token) of each sampled token under softmax(logits / temperature); 0 on padding."""
+    extras: dict[str, Any] = field(default_factory=dict)
+    """Row-wise additions of multi-turn episodes (hpcrl.rl.episodes): `context_mask_BT` (1 on every token
+    the model reads after the prompt: its own turns and the observations between them, where
+    response_mask_BT is 1 on its own only), `env_rewards_BT`, `turns_BT`, `env_errors`, `env_info`."""
 
     @property
     def lengths_B(self) -> torch.Tensor:

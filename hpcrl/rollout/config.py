@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
 from hpcrl.config.ranges import Count, NonNegative, Range
@@ -43,3 +43,33 @@ class RolloutConfig:
     """vLLM: fraction of GPU memory for weights + KV cache (colocated with training)."""
     enforce_eager: bool = False
     """vLLM: disable CUDA graphs."""
+    env: str | None = None
+    """A multi-turn environment: 'path/to/file.py:ClassName' (relative to the template that sets it) or
+    'package.module:ClassName' (built in: hpcrl.env.builtin:Calculator), a class with
+    reset(example) -> observation and step(action) -> (observation, reward, done, info) (hpcrl.env).
+    Each sample is then an episode: the model's turn, the environment's observation (context, not
+    trained on), the next turn, ...; its score is the sum of the environment's rewards, each on the last
+    token of the turn that earned it (plus the reward section's score of the last turn, unless
+    reward.name is null). Checked at expand without running it; run in `env_workers` killable processes."""
+    env_args: dict[str, int | float | str | bool] = field(default_factory=dict)
+    """Keyword arguments of the environment class (its constructor's)."""
+    max_turns: Annotated[int, Range(ge=1, le=1024)] = 1
+    """The model's turns per episode at most (with `env`); each turn ends at EOS or max_new_tokens."""
+    max_observation_tokens: Annotated[int, Range(ge=0, le=1 << 20)] = 32
+    """An observation's tokens at most (longer ones are cut, counted as env/observation_cut)."""
+    max_episode_tokens: Annotated[int, Range(ge=1, le=1 << 24)] | None = None
+    """Tokens after the prompt in one episode, the model's and the environment's; null = room for every
+    turn and observation (max_turns x (max_new_tokens + max_observation_tokens))."""
+    env_timeout_s: Annotated[float, Range(gt=0, le=86400)] = 30.0
+    """Seconds one environment step may take; a slower one is killed (with its worker process) and
+    fails its episode (reward.nan_policy decides: stop naming it, or skip the sample and count it)."""
+    env_workers: Annotated[int, Range(ge=1, le=1024)] = 2
+    """Environment worker processes per generation replica; episodes step concurrently across them
+    (and across threads within each)."""
+
+    def response_tokens(self) -> int:
+        """Tokens after the prompt one sample can hold: a response, or a whole episode with `env`."""
+        if self.env is None:
+            return self.max_new_tokens
+        room = self.max_turns * (self.max_new_tokens + self.max_observation_tokens)
+        return min(room, self.max_episode_tokens or room)

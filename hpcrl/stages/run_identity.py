@@ -36,9 +36,9 @@ from hpcrl.config.yaml_io import atomic_write, canonical_json
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.experiment.ids import DEFAULTS_VERSION, user_set
+from hpcrl.experiment.resolve import user_code_specs
 from hpcrl.experiment.stage_kinds import stage_data, stage_of
-from hpcrl.rewards.function import KEY as FUNCTION_KEY
-from hpcrl.rewards.function import source_sha256
+from hpcrl.usercode.spec import source_sha256
 
 log = logging.getLogger(__name__)
 
@@ -102,9 +102,9 @@ def new_identity(cfg: Any) -> RunIdentity:
 
 
 def code_digests(cfg: Any) -> dict[str, str]:
-    """'spec sha256=<hex>' of every piece of user code the config names (reward.function)."""
-    spec = cfg.reward.function
-    return {FUNCTION_KEY: f"{spec} sha256={source_sha256(spec)}"} if spec else {}
+    """'spec sha256=<hex>' of every piece of user code the config names (reward.function, rollout.env),
+    by key."""
+    return {key: f"{spec} sha256={source_sha256(spec)}" for key, spec in user_code_specs(cfg).items()}
 
 
 def load_or_create(run_dir: Path, cfg: Any) -> RunIdentity:

@@ -22,6 +22,7 @@ specific to rewards: a multi-turn tool environment is another function called th
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import select
 import signal
@@ -69,7 +70,7 @@ class UserCodeDied(UserCodeError):
 class _Worker:
     """One worker process and the pipes to it."""
 
-    def __init__(self, spec: str, memory_bytes: int, output_bytes: int):
+    def __init__(self, spec: str, memory_bytes: int, output_bytes: int, init_args: list | None):
         req_r, self.req_w = os.pipe()
         self.rep_r, rep_w = os.pipe()
         life_r, self.life_w = os.pipe()
@@ -88,6 +89,7 @@ class _Worker:
             str(rep_w),
             str(life_r),
             str(memory_bytes),
+            *([] if init_args is None else [json.dumps(init_args)]),
         ]
         self.proc = subprocess.Popen(
             argv,
@@ -179,8 +181,12 @@ class UserCodeRunner:
         memory_bytes: int = DEFAULT_MEMORY_BYTES,
         output_bytes: int = DEFAULT_OUTPUT_BYTES,
         start_timeout_s: float = 120.0,
+        init_args: list | None = None,
     ):
-        self.spec, self.timeout_s = spec, timeout_s
+        """`init_args` (JSON data): `spec` names a class (or any factory) the worker calls once with
+        them; its result is what each call calls (an object that keeps state between calls, e.g. the
+        environments of hpcrl.env.host)."""
+        self.spec, self.timeout_s, self.init_args = spec, timeout_s, init_args
         self.memory_bytes, self.output_bytes = memory_bytes, output_bytes
         self.start_timeout_s = max(start_timeout_s, timeout_s)
         """Importing the function's module (torch, a tokenizer) may take longer than a call."""
@@ -234,7 +240,7 @@ class UserCodeRunner:
         if self.alive:
             return self._worker
         self._discard()
-        worker = _Worker(self.spec, self.memory_bytes, self.output_bytes)
+        worker = _Worker(self.spec, self.memory_bytes, self.output_bytes, self.init_args)
         try:
             ready = worker.receive(time.monotonic() + self.start_timeout_s)
         except (UserCodeDied, FrameError) as err:

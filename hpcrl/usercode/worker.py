@@ -1,8 +1,9 @@
-"""The child that runs user code: `python -m hpcrl.usercode.worker SPEC FD_IN FD_OUT FD_LIFELINE MEMORY`.
+"""The child that runs user code: `python -m hpcrl.usercode.worker SPEC FD_IN FD_OUT FD_LIFELINE MEMORY [INIT]`.
 
 It bounds its own memory (RLIMIT_DATA, set before any user code is imported: a limit set from the parent
 would need a preexec hook, unsafe in a process with threads), imports the function once, says it is
-ready, then answers one request per call until its input closes. Requests and replies are JSON frames
+ready (with INIT, a JSON list, the function is a factory called once with it: its result is what
+each request calls), then answers one request per call until its input closes. Requests and replies are JSON frames
 (hpcrl.usercode.frames) on pipes of their own, so whatever the function prints (stdout and stderr go to
 the parent's capture) cannot corrupt them. A thread waits on the lifeline pipe, which the parent holds
 open and never writes: when the parent dies it closes, and the thread kills this process group (the
@@ -11,6 +12,7 @@ function's own children included) even while the function is still running.
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import signal
@@ -26,7 +28,7 @@ TRACEBACK_CHARS = 4000
 
 
 def main(argv: list[str]) -> int:
-    spec, fd_in, fd_out, fd_lifeline, memory_bytes = argv
+    spec, fd_in, fd_out, fd_lifeline, memory_bytes, *init = argv
     if int(memory_bytes) > 0:
         resource.setrlimit(resource.RLIMIT_DATA, (int(memory_bytes), int(memory_bytes)))
     threading.Thread(target=_die_with_parent, args=(int(fd_lifeline),), daemon=True).start()
@@ -36,6 +38,8 @@ def main(argv: list[str]) -> int:
     ):
         try:
             fn = load_function(spec)
+            if init:
+                fn = fn(*json.loads(init[0]))
         except BaseException as err:  # noqa: BLE001 - reported to the parent, which decides
             write_frame(replies, {"error": _described(err)})
             return 1

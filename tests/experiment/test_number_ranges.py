@@ -21,8 +21,10 @@ from hpcrl.experiment.config import ExperimentConfig
 
 REPO = Path(__file__).resolve().parents[2]
 GRPO, SFT, RM, DPO = (REPO / "templates" / f"{n}_tiny.yaml" for n in ("grpo", "sft", "rm", "dpo"))
-UNRANGED = {"reward.terms"}
-"""Numbers without a field range: each term's weight is checked by hpcrl.rewards.terms (finite)."""
+UNRANGED = {"reward.terms", "rollout.env_args"}
+"""Numbers without a field range: each term's weight is checked by hpcrl.rewards.terms (finite); the
+environment's constructor arguments are its own to check (expand checks each is a keyword and finite,
+hpcrl.experiment.kinds.rl)."""
 
 
 def _is_number(hint) -> bool:

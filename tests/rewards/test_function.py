@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from hpcrl.rewards.function import FunctionScorer, function_problems, source_sha256
+from hpcrl.rewards.function import FunctionScorer, function_problems
 from hpcrl.rewards.scoring import RewardError, score_batch
+from hpcrl.usercode.spec import source_sha256
 from tests.cli_runs import run_cli
 from tests.templates import GRPO, write_grpo_template
 

@@ -146,7 +146,9 @@ def test_kl_in_the_reward_changes_every_online_estimator(name):
     mask = torch.tensor([[1.0, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]])
     scores = torch.tensor([1.0, 0.0, 1.0, 0.0])
     kl = torch.rand(4, 4, generator=gen) * mask
-    shaped_scores, shaped_tokens = kl_shaped_rewards(scores, mask, kl, kl_coef=0.5)
+    shaped_scores, shaped_tokens = kl_shaped_rewards(
+        outcome_to_token_rewards(scores, mask), mask, kl, kl_coef=0.5
+    )
     torch.testing.assert_close(shaped_scores, scores - 0.5 * (kl * mask).sum(1))
     torch.testing.assert_close(shaped_tokens.sum(1), shaped_scores)
 
@@ -163,3 +165,46 @@ def test_kl_in_the_reward_changes_every_online_estimator(name):
 
     plain = advantages(scores, outcome_to_token_rewards(scores, mask))
     assert not torch.allclose(advantages(shaped_scores, shaped_tokens), plain)
+
+
+@pytest.mark.parametrize(("gamma", "lam"), [(1.0, 1.0), (0.9, 0.95), (0.5, 0.0)])
+def test_an_episodes_observation_tokens_are_skipped_by_gae_and_returns(gamma, lam):
+    """Turn 1, an observation (mask 0), turn 2, padding: GAE and discounted returns equal those of the
+    model's tokens alone, put back in place (the observation joins the turns, it does not cut them)."""
+    gen = torch.Generator().manual_seed(3)
+    mask = torch.tensor([[1.0, 1, 0, 0, 1, 1, 0], [1, 0, 0, 1, 0, 1, 1]])
+    rewards = torch.randn(2, 7, generator=gen) * mask
+    values = torch.randn(2, 7, generator=gen)
+    adv, ret = gae(rewards, values, mask, gamma=gamma, lam=lam)
+    returns = discounted_returns(rewards, mask, gamma)
+    for b in range(2):
+        keep = mask[b].bool()
+        n = int(keep.sum())
+        a_c, r_c = gae(rewards[b, keep][None], values[b, keep][None], torch.ones(1, n), gamma, lam)
+        torch.testing.assert_close(adv[b, keep], a_c[0])
+        torch.testing.assert_close(ret[b, keep], r_c[0])
+        torch.testing.assert_close(
+            returns[b, keep], discounted_returns(rewards[b, keep][None], torch.ones(1, n), gamma)[0]
+        )
+        assert (
+            torch.all(adv[b, ~keep] == 0)
+            and torch.all(ret[b, ~keep] == 0)
+            and torch.all(returns[b, ~keep] == 0)
+        )
+
+
+def test_episode_rewards_stay_where_they_were_earned_and_the_rest_lands_on_the_last_model_token():
+    mask = torch.tensor([[1.0, 1, 0, 0, 1, 1, 0, 0], [1, 1, 1, 0, 0, 0, 0, 0]])
+    env = torch.zeros(2, 8)
+    env[0, 1], env[0, 5] = 0.3, 1.0  # the last tokens of turns 1 and 2
+    env[1, 2] = 0.5
+    scores = env.sum(1) + torch.tensor([-0.2, 0.0])  # e.g. DAPO's length penalty on top
+    rewards = outcome_to_token_rewards(scores, mask, env)
+    torch.testing.assert_close(rewards.sum(1), scores)
+    torch.testing.assert_close(rewards[0], torch.tensor([0, 0.3, 0, 0, 0, 0.8, 0, 0]))
+    torch.testing.assert_close(rewards[1], torch.tensor([0, 0, 0.5, 0, 0, 0, 0, 0]))
+    # a single response: the outcome on its last real token, as before
+    torch.testing.assert_close(
+        outcome_to_token_rewards(torch.tensor([2.0]), torch.tensor([[1.0, 1, 0]])),
+        torch.tensor([[0, 2.0, 0]]),
+    )

@@ -5,18 +5,22 @@ them to each other and to the shared sections, and the kind."""
 
 from __future__ import annotations
 
+import keyword
+import math
 from typing import TYPE_CHECKING
 
 from hpcrl.algorithm.registry import algorithm_problems
 from hpcrl.distributed.layout import ParallelLayout, model_problems
 from hpcrl.distributed.placement import placement_of
-from hpcrl.errors import Problem
+from hpcrl.env.spec import environment_problems
+from hpcrl.errors import Problem, short
 from hpcrl.experiment.frozen_models import frozen_models
 from hpcrl.experiment.kinds.kind import StageKind
 from hpcrl.experiment.rules import data_rules, gpus_per_node, model_dims, token_budget_rules
 from hpcrl.metrics.headline import Headline
 from hpcrl.rewards.function import function_problems
 from hpcrl.rewards.terms import hf_reward_model_problems, reward_problems
+from hpcrl.rollout.config import RolloutConfig
 from hpcrl.rollout.engine_rule import EngineFacts, resolve_engine
 from hpcrl.train.config import ModelConfig
 
@@ -32,8 +36,10 @@ def rl_rules(cfg: ExperimentConfig) -> list[Problem]:
         _engine_rules(cfg)
         + _algorithm_rules(cfg)
         + _reward_rules(cfg)
+        + _environment_rules(cfg)
         + _frozen_model_rules(cfg)
         + _rl_token_budget_rules(cfg)
+        + context_problems(cfg)
         + data_rules(cfg, preference=None)
     )
 
@@ -128,15 +134,23 @@ def _algorithm_rules(cfg: ExperimentConfig) -> list[Problem]:
 
 def _rl_token_budget_rules(cfg: ExperimentConfig) -> list[Problem]:
     """optim.max_tokens_per_micro_batch holds the longest sequence: a whole prompt and response."""
-    longest = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
-    return token_budget_rules(cfg, longest, "data.max_prompt_length + rollout.max_new_tokens")
+    longest = cfg.data.max_prompt_length + cfg.rollout.response_tokens()
+    what = (
+        "rollout.max_new_tokens"
+        if cfg.rollout.env is None
+        else "an episode's tokens (rollout.response_tokens)"
+    )
+    return token_budget_rules(cfg, longest, f"data.max_prompt_length + {what}")
 
 
 def _reward_rules(cfg: ExperimentConfig) -> list[Problem]:
     """The reward section's own rules (hpcrl.rewards.terms owns them; the ranks check them again), the HF
     reward model's config.json where it is readable here, and the reward function's source, read
     without running it."""
-    out = [Problem(p.message, key=p.key or "reward") for p in reward_problems(cfg.reward, cfg.data)]
+    environment = cfg.rollout.env is not None
+    out = [
+        Problem(p.message, key=p.key or "reward") for p in reward_problems(cfg.reward, cfg.data, environment)
+    ]
     out += [] if out else hf_reward_model_problems(cfg.reward)
     if cfg.reward.function is not None:
         for problem in function_problems(cfg.reward.function):
@@ -146,6 +160,46 @@ def _reward_rules(cfg: ExperimentConfig) -> list[Problem]:
                 )
             )
     return out
+
+
+def context_problems(cfg: ExperimentConfig) -> list[Problem]:
+    """A prompt and its response (a whole episode with rollout.env) fit the model's context (known here
+    for a model built from its config; an HF model's is read by the ranks)."""
+    needed = cfg.data.max_prompt_length + cfg.rollout.response_tokens()
+    if cfg.model.hf_path is not None or needed <= cfg.model.max_position_embeddings:
+        return []
+    what = "max_new_tokens" if cfg.rollout.env is None else "an episode's tokens (rollout.response_tokens)"
+    message = f"max_prompt_length + {what} = {needed} exceeds the model's context {cfg.model.max_position_embeddings}"
+    return [Problem(message, key="model.max_position_embeddings")]
+
+
+def _env_args_problems(env_args: dict) -> list[Problem]:
+    """Each argument is a keyword the constructor can take and, if a number, finite (the environment's
+    own ranges are its own to check)."""
+    out = []
+    for name, value in env_args.items():
+        if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
+            out.append(Problem(f"{short(name)} is not a keyword argument name", key="rollout.env_args"))
+        elif isinstance(value, float) and not math.isfinite(value):
+            out.append(Problem(f"{name}: {value} is not a finite number", key="rollout.env_args"))
+    return out
+
+
+def _environment_rules(cfg: ExperimentConfig) -> list[Problem]:
+    """The multi-turn environment's class, read without running it (hpcrl.env.spec), and the episode keys
+    that only an environment reads."""
+    r = cfg.rollout
+    if r.env is not None:
+        return [
+            Problem(f"{p.file}: {p.message}" if p.file else p.message, key=p.key)
+            for p in environment_problems(r.env)
+        ] + _env_args_problems(r.env_args)
+    defaults = RolloutConfig()
+    return [
+        Problem("only a multi-turn environment reads it (rollout.env is not set)", key=f"rollout.{key}")
+        for key in ("env_args", "max_turns", "max_observation_tokens", "max_episode_tokens")
+        if getattr(r, key) != getattr(defaults, key)
+    ]
 
 
 KIND = StageKind(

@@ -78,10 +78,14 @@ _EXP_TENSORS = ("group_ids_B", "prompt_ids_BP", "prompt_mask_BP")
 these, GenerationOutput's fields, sampled_B, scores_B, then `tensors.<name>`."""
 
 
+_GEN_TENSORS = tuple(f.name for f in dataclasses.fields(GenerationOutput) if f.name != "extras")
+"""GenerationOutput's tensors; its `extras` reach the experience's `tensors` before a batch is sent."""
+
+
 def _batch_tensors(batch: RolloutBatch) -> dict[str, torch.Tensor]:
     exp = batch.exp
     out = {name: getattr(exp, name) for name in _EXP_TENSORS}
-    out |= {f.name: getattr(exp.gen, f.name) for f in dataclasses.fields(exp.gen)}
+    out |= {name: getattr(exp.gen, name) for name in _GEN_TENSORS}
     out["sampled_B"] = batch.sampled_B
     if exp.scores_B is not None:
         out["scores_B"] = exp.scores_B
@@ -162,7 +166,7 @@ def decode_message(blob: torch.Tensor) -> RolloutMessage:
 
 
 def _batch_from(entry: dict, tensors: dict[str, torch.Tensor]) -> RolloutBatch:
-    gen = GenerationOutput(**{f.name: tensors[f.name] for f in dataclasses.fields(GenerationOutput)})
+    gen = GenerationOutput(**{name: tensors[name] for name in _GEN_TENSORS})
     exp = Experience(
         examples=[Example(prompt, answer) for prompt, answer in entry["examples"]],
         gen=gen,

@@ -1,0 +1,55 @@
+"""What one environment step returned, checked: the user's code may return anything."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from hpcrl.errors import short
+
+
+class EnvOutputError(ValueError):
+    """An environment returned something that is not (observation text, finite number, bool, dict)."""
+
+
+@dataclass(frozen=True)
+class StepResult:
+    observation: str
+    """Text shown to the model before its next turn (tokenized and appended; no loss on it)."""
+    reward: float = 0.0
+    """Reward of the turn that led here; it lands on that turn's last token."""
+    done: bool = False
+    """The episode ends (no further turn)."""
+    info: dict[str, float] = field(default_factory=dict)
+    """The finite numbers of the environment's info dict (logged as env/<key> means)."""
+
+
+def checked_reset(value: Any) -> StepResult:
+    """reset's observation; EnvOutputError when it is not text."""
+    if not isinstance(value, str):
+        raise EnvOutputError(f"reset returned {_what(value)}, not an observation string")
+    return StepResult(value)
+
+
+def checked_step(value: Any) -> StepResult:
+    """step's (observation, reward, done, info) - info may be left out; EnvOutputError naming what is
+    wrong. JSON carried it here, so a tuple arrives as a list."""
+    if not isinstance(value, list | tuple) or len(value) not in (3, 4):
+        raise EnvOutputError(f"step returned {_what(value)}, not (observation, reward, done, info)")
+    observation, reward, done, *rest = value
+    if not isinstance(observation, str):
+        raise EnvOutputError(f"step returned observation {_what(observation)}, not a string")
+    if type(reward) not in (int, float) or not math.isfinite(reward):
+        raise EnvOutputError(f"step returned reward {_what(reward)}, not a finite number")
+    if type(done) is not bool:
+        raise EnvOutputError(f"step returned done {_what(done)}, not True or False")
+    info = rest[0] if rest else {}
+    if not isinstance(info, dict):
+        raise EnvOutputError(f"step returned info {_what(info)}, not a dict")
+    numbers = {str(k)[:64]: float(v) for k, v in info.items() if type(v) in (int, float) and math.isfinite(v)}
+    return StepResult(observation, float(reward), done, numbers)
+
+
+def _what(value: Any) -> str:
+    return f"{type(value).__name__} {short(value)}"

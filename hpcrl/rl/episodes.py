@@ -1,0 +1,224 @@
+"""Multi-turn episodes over any rollout engine: the model's turn, the environment's observation, the next
+turn, ... (`rollout.env`, hpcrl.env), as one row of response-space tensors.
+
+An episode's tokens after its prompt are [reset observation] turn 1 [observation 1] turn 2 ... in one
+row of width `rollout.response_tokens()`. `response_mask_BT` is 1 on the model's own tokens only - the
+loss, the log-prob ratio, the KL and the entropy read it - and `extras["context_mask_BT"]` on every token
+the model reads (its turns and the observations), what the trainer attends to. A turn is one `generate`
+call of the engine on the whole context so far, so every engine (HF, megatron at any generation layout,
+vLLM) runs episodes the same way and its log-probs are the trainer's teacher-forced ones of the same
+context. Each turn's reward lands on the turn's last token (`extras["env_rewards_BT"]`).
+
+Episodes are batched: each turn generates for every episode still running (those that ended - done,
+out of turns or out of tokens - leave), then every one of them steps its environment at once in the
+EnvPool's workers. Sampling seeds are per (row, turn), so an engine that honours seeds samples the same
+episode whatever the replica split.
+
+Shape legend: B = episodes, T = response_tokens (the episode width).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from hpcrl.env.pool import EnvFailure, EnvPool, EnvRequest
+from hpcrl.rollout.base import GenerationOutput, SamplingParams
+from hpcrl.rollout.config import RolloutConfig
+
+Generate = Callable[[Sequence[Sequence[int]], SamplingParams, "list[int] | None"], GenerationOutput]
+"""An engine's generate (prompts, sampling, one seed per prompt or None)."""
+
+
+@dataclass(frozen=True)
+class EpisodeCodec:
+    """Text <-> tokens on the episode's side: observations in (no BOS), turns out (without EOS)."""
+
+    encode_observation: Callable[[str], list[int]]
+    decode: Callable[[list[int]], str]
+    eos_id: int
+    pad_id: int
+
+
+@dataclass(frozen=True)
+class EpisodeLimits:
+    max_turns: int
+    max_observation_tokens: int
+    width: int
+    """Tokens after the prompt (rollout.response_tokens())."""
+
+
+@dataclass
+class _Episode:
+    """One episode's row as it grows."""
+
+    example: dict[str, str]
+    context: list[int]
+    tokens: list[int] = field(default_factory=list)
+    policy: list[float] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+    turns: list[int] = field(default_factory=list)
+    actions: list[str] = field(default_factory=list)
+    info: dict[str, float] = field(default_factory=dict)
+    error: str = ""
+    done: bool = False
+    observation_cut: int = 0
+
+    def append(self, ids: Sequence[int], logprobs: Sequence[float] | None, turn: int) -> None:
+        self.tokens += ids
+        self.context += ids
+        self.policy += [1.0 if logprobs is not None else 0.0] * len(ids)
+        self.logprobs += list(logprobs) if logprobs is not None else [0.0] * len(ids)
+        self.rewards += [0.0] * len(ids)
+        self.turns += [turn if logprobs is not None else 0] * len(ids)
+
+
+class EpisodeRunner:
+    """Runs batches of episodes against `pool` with an engine's generate."""
+
+    def __init__(self, pool: EnvPool, codec: EpisodeCodec, limits: EpisodeLimits):
+        self.pool, self.codec, self.limits = pool, codec, limits
+        self._next_id = 0
+        """Episode ids are unique over the pool's life (its workers key environments by them)."""
+
+    def run(
+        self,
+        generate: Generate,
+        prompt_ids: Sequence[Sequence[int]],
+        examples: Sequence[dict[str, str]],
+        sampling: SamplingParams,
+        turn_seeds: Callable[[int], list[int] | None],
+    ) -> GenerationOutput:
+        """One episode per prompt. `turn_seeds(turn)`: the rows' seeds for that turn (None: the engine's
+        process RNG)."""
+        first, self._next_id = self._next_id, self._next_id + len(prompt_ids)
+        episodes = [_Episode(dict(ex), list(ids)) for ex, ids in zip(examples, prompt_ids, strict=True)]
+        self._observe(episodes, list(range(len(episodes))), first, 0)
+        for turn in range(1, self.limits.max_turns + 1):
+            running = [i for i, e in enumerate(episodes) if not e.done and self._room(e) > 0]
+            if not running:
+                break
+            self._generate_turn(episodes, running, generate, sampling, turn_seeds(turn), turn)
+            self._observe(episodes, running, first, turn)
+        self.pool.forget(range(first, first + len(episodes)))
+        return self._output(episodes)
+
+    def _room(self, episode: _Episode) -> int:
+        return self.limits.width - len(episode.tokens)
+
+    def _generate_turn(self, episodes, running, generate, sampling, seeds, turn) -> None:
+        out = generate(
+            [episodes[i].context for i in running],
+            sampling,
+            None if seeds is None else [seeds[i] for i in running],
+        )
+        for row, i in enumerate(running):
+            e = episodes[i]
+            n = min(int(out.response_mask_BT[row].sum()), self._room(e))
+            ids = out.response_ids_BT[row, :n].tolist()
+            e.append(ids, out.logprobs_BT[row, :n].tolist(), turn)
+            e.actions.append(self.codec.decode([t for t in ids if t != self.codec.eos_id]))
+
+    def _observe(self, episodes: list[_Episode], indices: list[int], first: int, turn: int) -> None:
+        """Reset (turn 0) or step the environments of `indices`; append what they observe."""
+        requests = [EnvRequest(first + i, episodes[i].example, episodes[i].actions) for i in indices]
+        for i, result in zip(indices, self.pool.step(requests), strict=True):
+            e = episodes[i]
+            if isinstance(result, EnvFailure):
+                e.error, e.done = result.message, True
+                continue
+            if turn > 0:
+                e.rewards[-1] += result.reward
+                e.info = result.info
+            e.done = result.done or turn == self.limits.max_turns
+            if not e.done and result.observation:
+                ids = self.codec.encode_observation(result.observation)
+                keep = min(len(ids), self.limits.max_observation_tokens, self._room(e))
+                e.observation_cut += len(ids) - keep
+                e.append(ids[:keep], None, 0)
+
+    def _output(self, episodes: list[_Episode]) -> GenerationOutput:
+        B, T = len(episodes), self.limits.width
+
+        def row_tensor(values: Callable[[_Episode], list], dtype, fill=0) -> torch.Tensor:
+            out = torch.full((B, T), fill, dtype=dtype)
+            for b, e in enumerate(episodes):
+                row = values(e)
+                out[b, : len(row)] = torch.tensor(row, dtype=dtype)
+            return out
+
+        return GenerationOutput(
+            response_ids_BT=row_tensor(lambda e: e.tokens, torch.long, self.codec.pad_id),
+            response_mask_BT=row_tensor(lambda e: e.policy, torch.float32),
+            logprobs_BT=row_tensor(lambda e: e.logprobs, torch.float32),
+            extras={
+                "context_mask_BT": row_tensor(lambda e: [1.0] * len(e.tokens), torch.float32),
+                "env_rewards_BT": row_tensor(lambda e: e.rewards, torch.float32),
+                "turns_BT": row_tensor(lambda e: e.turns, torch.long),
+                "env_errors": [e.error for e in episodes],
+                "env_info": [{**e.info, "observation_cut": float(e.observation_cut)} for e in episodes],
+            },
+        )
+
+
+class EnvironmentFailed(RuntimeError):
+    """An episode's environment failed under reward.nan_policy=error (the message names the
+    environment, the prompt and the turn)."""
+
+
+@dataclass(frozen=True)
+class EpisodeOutcome:
+    """What the collector adds to a batch's scores from its episodes."""
+
+    returns_B: torch.Tensor
+    """Sum of each episode's environment rewards."""
+    keep_B: torch.Tensor
+    """False for episodes whose environment failed (nan_policy skip)."""
+    metrics: dict[str, float]
+    """env/failed, env/turns, and the mean of each number the environments' last info held (env/<key>)."""
+
+
+def episode_outcome(extras: dict, env: str, nan_policy: str) -> EpisodeOutcome:
+    """Returns, failures and metrics of a batch of episodes (`extras` of their GenerationOutput)."""
+    errors, infos = extras["env_errors"], extras["env_info"]
+    failed = [i for i, error in enumerate(errors) if error]
+    if failed and nan_policy == "error":
+        raise EnvironmentFailed(
+            f"{env}: {errors[failed[0]]} (reward.nan_policy=error; skip drops such episodes, counted as "
+            f"env/failed)"
+        )
+    keep_B = torch.ones(len(errors), dtype=torch.bool)
+    keep_B[failed] = False
+    metrics = {
+        "env/failed": float(len(failed)),
+        "env/turns": float(extras["turns_BT"].amax(1).float().mean()),
+    }
+    kept = [info for info, ok in zip(infos, keep_B.tolist(), strict=True) if ok]
+    for key in sorted({k for info in kept for k in info}):
+        values = [info[key] for info in kept if key in info]
+        metrics[f"env/{key}"] = sum(values) / len(values)
+    return EpisodeOutcome(extras["env_rewards_BT"].sum(1), keep_B, metrics)
+
+
+def last_turn_mask(turns_BT: torch.Tensor) -> torch.Tensor:
+    """1.0 on each episode's last turn (what the reward section scores as its answer)."""
+    last_B = turns_BT.amax(1, keepdim=True)
+    return ((turns_BT == last_B) & (last_B > 0)).float()
+
+
+def build_episode_runner(rollout: RolloutConfig, tokenizer) -> EpisodeRunner | None:
+    """The episode runner of `rollout.env` with its pool of environment workers (None without one)."""
+    if rollout.env is None:
+        return None
+    pool = EnvPool(rollout.env, rollout.env_timeout_s, rollout.env_workers, dict(rollout.env_args))
+    codec = EpisodeCodec(
+        encode_observation=lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
+        decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
+        eos_id=tokenizer.eos_token_id,
+        pad_id=tokenizer.pad_token_id,
+    )
+    limits = EpisodeLimits(rollout.max_turns, rollout.max_observation_tokens, rollout.response_tokens())
+    return EpisodeRunner(pool, codec, limits)

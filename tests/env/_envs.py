@@ -1,0 +1,79 @@
+"""Environments of the tests, loaded by file path in hpcrl's environment workers (never imported by the
+tests themselves)."""
+
+import os
+import time
+
+
+class Echo:
+    """Deterministic: observation `=<turn><last digit of the prompt>` after each turn, reward 0.25 per
+    turn, done after `turns` turns."""
+
+    def __init__(self, turns: int = 99):
+        self.turns, self.taken, self.prompt = turns, 0, ""
+
+    def reset(self, example):
+        self.prompt, self.taken = example["prompt"], 0
+        return ""
+
+    def step(self, action):
+        self.taken += 1
+        digit = [c for c in self.prompt if c.isdigit()][-1]
+        return f"={self.taken}{digit}", 0.25, self.taken >= self.turns, {"taken": self.taken}
+
+
+class Hostile:
+    """Misbehaves on prompts that ask it to: `hang` sleeps forever, `raise` raises, `str` returns a
+    non-string observation, `exit` ends its process, `nan` a NaN reward, `spam` prints 1 MB; anything
+    else behaves (observation "=1", reward 1, done after one step)."""
+
+    def reset(self, example):
+        self.mode = example["prompt"].split(":")[0]
+        return ""
+
+    def step(self, action):
+        if self.mode == "hang":
+            while True:
+                time.sleep(1)
+        if self.mode == "raise":
+            raise RuntimeError("the environment broke")
+        if self.mode == "str":
+            return 42, 1.0, True, {}
+        if self.mode == "exit":
+            os._exit(3)
+        if self.mode == "nan":
+            return "=1", float("nan"), True, {}
+        if self.mode == "spam":
+            print("x" * (1 << 20))
+        return "=1", 1.0, True, {}
+
+
+class Counting:
+    """Counts its resets in a file (`path`): how often an episode was rebuilt by replay."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.actions = []
+
+    def reset(self, example):
+        with open(self.path, "a") as f:
+            f.write(example["prompt"] + "\n")
+        self.actions = []
+        return ""
+
+    def step(self, action):
+        self.actions.append(action)
+        return "=" + str(len(self.actions)), float(len(self.actions)), len(self.actions) >= 3, {}
+
+
+class RaisesOnSevens:
+    """The Calculator's task, but a step raises on prompts that start with 7 (about a tenth of them)."""
+
+    def reset(self, example):
+        self.prompt, self.answer = example["prompt"], example["answer"]
+        return ""
+
+    def step(self, action):
+        if self.prompt.startswith("7"):
+            raise ValueError("sevens are not allowed")
+        return "", float(action == self.answer), True, {}

@@ -1,0 +1,101 @@
+"""EnvPool against environments that misbehave: each failure is its episode's, named, within the timeout;
+the other episodes go on (rebuilt by replay when their worker had to be killed)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from hpcrl.env.pool import EnvFailure, EnvPool, EnvRequest
+from hpcrl.env.result import StepResult
+
+ENVS = Path(__file__).parent / "_envs.py"
+
+
+def example(prompt: str) -> dict[str, str]:
+    return {"prompt": prompt, "answer": ""}
+
+
+@pytest.fixture
+def hostile():
+    pool = EnvPool(f"{ENVS}:Hostile", timeout_s=2.0, workers=2)
+    yield pool
+    pool.close()
+
+
+def test_the_builtin_calculator_answers_calls_and_scores_the_answer():
+    pool = EnvPool("hpcrl.env.builtin:Calculator", timeout_s=10.0)
+    try:
+        ex = {"prompt": "482+390=", "answer": "872"}
+        assert pool.step([EnvRequest(0, ex)]) == [StepResult("")]
+        [call] = pool.step([EnvRequest(0, ex, ["<|tool|>482+390"])])
+        assert (call.observation, call.reward, call.done) == ("=872", 0.0, False)
+        [garbage] = pool.step([EnvRequest(1, ex, ["<|tool|>48+"])])
+        assert garbage.observation == "=?"
+        [answer] = pool.step([EnvRequest(0, ex, ["<|tool|>482+390", "872"])])
+        assert (answer.reward, answer.done, answer.info["success"]) == (1.0, True, 1.0)
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize(
+    ("mode", "says"),
+    [
+        ("raise", "raised RuntimeError: the environment broke"),
+        ("str", "observation int 42, not a string"),
+        ("nan", "reward float nan, not a finite number"),
+        ("exit", "its worker failed"),
+    ],
+)
+def test_a_failing_step_fails_its_episode_naming_the_turn_and_prompt(hostile, mode, says):
+    requests = [EnvRequest(0, example(f"{mode}:0"), ["a"]), EnvRequest(2, example("fine:2"), ["a"])]
+    bad, good = hostile.step(requests)
+    assert isinstance(bad, EnvFailure)
+    assert says in bad.message and "step of turn 1" in bad.message and f"'{mode}:0'" in bad.message
+    assert good == StepResult("=1", 1.0, True, {})  # same worker: run again alone, rebuilt by replay
+
+
+def test_a_step_that_sleeps_forever_fails_within_the_timeout_and_the_others_are_replayed():
+    """The hung episode shares the one worker with a healthy one: the worker is killed, the healthy
+    episode's next step rebuilds its environment on a fresh worker by replaying its actions."""
+    counting = EnvPool(f"{ENVS}:Hostile", timeout_s=2.0, workers=1)
+    try:
+        counting.step([EnvRequest(0, example("hang:0"))])
+        start = time.monotonic()
+        hung, fine = counting.step([EnvRequest(0, example("hang:0"), ["a"]), EnvRequest(1, example("x:1"))])
+        assert isinstance(hung, EnvFailure)
+        assert (
+            "step of turn 1 on prompt 'hang:0': did not return within 2 s (rollout.env_timeout_s)"
+            in hung.message
+        )
+        assert fine == StepResult("")
+        assert time.monotonic() - start < 2.0 + 10.0  # the timeout plus the reply grace, not forever
+        [after] = counting.step([EnvRequest(1, example("x:1"), ["a"])])
+        assert after == StepResult("=1", 1.0, True, {})
+    finally:
+        counting.close()
+
+
+def test_a_lost_environment_is_rebuilt_by_replaying_its_actions(tmp_path):
+    resets = tmp_path / "resets"
+    pool = EnvPool(f"{ENVS}:Counting", timeout_s=5.0, env_args={"path": str(resets)})
+    try:
+        pool.step([EnvRequest(0, example("p"))])
+        [one] = pool.step([EnvRequest(0, example("p"), ["a"])])
+        assert resets.read_text().splitlines() == ["p"]  # kept live: no replay
+        [pid] = pool.worker_pids()
+        os.kill(pid, signal.SIGKILL)  # the worker (and the environment) is gone: the OOM killer
+        [two] = pool.step([EnvRequest(0, example("p"), ["a", "b"])])
+        assert (one.reward, two.reward, two.observation) == (1.0, 2.0, "=2")
+        assert resets.read_text().splitlines() == ["p", "p"]  # rebuilt once, then stepped twice
+    finally:
+        pool.close()
+
+
+def test_output_of_an_environment_is_capped_and_does_not_fail_it(hostile):
+    [result] = hostile.step([EnvRequest(0, example("spam:0"), ["a"])])
+    assert result == StepResult("=1", 1.0, True, {})

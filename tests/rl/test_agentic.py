@@ -1,0 +1,58 @@
+"""Agentic RL through the command a user runs: `hpcrl run templates/tool_tiny.yaml` trains on multi-turn
+episodes against the built-in Calculator (metrics of the episodes logged, the trainer's log-probs equal
+to the engine's on the model's tokens); an environment that raises is reward.nan_policy's to handle."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hpcrl.rl.episodes import EnvironmentFailed
+from tests.cli_runs import run_cli
+
+REPO = Path(__file__).resolve().parents[2]
+TOOL = REPO / "templates" / "tool_tiny.yaml"
+ENVS = REPO / "tests" / "env" / "_envs.py"
+QUIET = [
+    "--logging.tensorboard", "false", "--logging.progress", "false", "--logging.plot", "false",
+    "--checkpoint.every_steps", "0", "--checkpoint.save_on_exit", "false", "--checkpoint.export_hf", "false",
+]  # fmt: skip
+
+
+def _rows(out: str) -> list[dict]:
+    run_dir = Path(out.splitlines()[0].removeprefix("run dir: "))
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_the_tool_template_trains_on_episodes_with_the_engines_log_probs(tmp_path, capsys):
+    argv = ["run", TOOL, "--run_root", tmp_path, "--algorithm.steps", "6", "--algorithm.eval_every", "3"]
+    code, out, err = run_cli(capsys, *argv, *QUIET)
+    assert code == 0, err
+    rows = _rows(out)
+    steps = [r for r in rows if "env/turns" in r]
+    assert len(steps) == 6
+    for r in steps:
+        assert 1.0 <= r["env/turns"] <= 2.0 and r["env/failed"] == 0.0
+        assert 0.0 <= r["env/tool_calls"] <= 1.0 and "env/success" in r
+        assert r["mismatch/logprob_max"] <= 1e-5  # the trainer attends to the observations too
+    assert sum("reward/heldout" in r for r in rows) >= 2
+
+
+def test_an_environment_that_raises_stops_the_run_naming_it_or_is_skipped_and_counted(tmp_path, capsys):
+    env = f"{ENVS}:RaisesOnSevens"
+    argv = ["run", TOOL, "--run_root", tmp_path, "--rollout.env", env, "--rollout.max_turns", "1"]
+    argv += ["--algorithm.steps", "3", "--algorithm.eval_every", "0", "--algorithm.dynamic_sampling", "false"]
+    with pytest.raises(EnvironmentFailed) as failed:  # a one-rank run raises in this process
+        run_cli(capsys, *argv, *QUIET)
+    message = str(failed.value)
+    assert message.startswith(f"{env}: environment step of turn 1 on prompt '7"), message
+    assert "raised ValueError: sevens are not allowed" in message and "reward.nan_policy=error" in message
+    code, out, err = run_cli(
+        capsys, *argv, "--reward.nan_policy", "skip", "--run_root", tmp_path / "skip", *QUIET
+    )
+    assert code == 0, err
+    rows = _rows(out)
+    assert sum(r["env/failed"] for r in rows) > 0
+    assert all(r["env/failed"] == r["reward/skipped"] for r in rows)

@@ -1,0 +1,97 @@
+"""Multi-turn episodes (hpcrl.rl.episodes): the same episodes on every engine, the trainer's log-probs of
+the model's own tokens, observation tokens outside every loss term, rewards where they were earned."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hpcrl.algorithm.config import AlgorithmConfig
+from hpcrl.distributed.spawn import run_ranks
+from hpcrl.rl.objectives import policy_loss_fn
+from hpcrl.train.batch import TrainBatch
+from hpcrl.train.logprobs import HeadOutputs
+from tests.rl._episode_ranks import LIMITS, episodes_on_both_engines
+
+pytestmark = pytest.mark.dist
+LOGPROB_TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def episodes():
+    return run_ranks(episodes_on_both_engines, 2, timeout_s=300)[0]
+
+
+def test_episodes_alternate_the_models_turns_and_the_environments_observations(episodes):
+    gen = episodes["megatron_sampled"]
+    policy, context = gen.response_mask_BT, gen.extras["context_mask_BT"]
+    turns, rewards = gen.extras["turns_BT"], gen.extras["env_rewards_BT"]
+    assert gen.response_ids_BT.shape[1] == LIMITS.width
+    observation = (context == 1) & (policy == 0)
+    assert observation.any(), "Echo answers every turn but the last"
+    assert torch.equal(turns > 0, policy == 1)  # turn numbers on the model's tokens only
+    for b in range(len(turns)):
+        taken = int(turns[b].max())
+        assert taken == 3  # Echo ends after 3 turns (each turn ends at EOS or 4 tokens)
+        for turn in range(1, taken + 1):
+            last = int((turns[b] == turn).nonzero().max())
+            assert rewards[b, last] == 0.25  # each turn's reward on its last token
+        assert float(rewards[b].sum()) == 0.75
+        echoed = gen.response_ids_BT[b][observation[b]].tolist()
+        assert len(echoed) == 2 * (taken - 1)  # "=<turn><digit>" cut to max_observation_tokens = 2
+
+
+def test_every_engine_runs_the_same_greedy_episodes(episodes):
+    hf, megatron = episodes["hf_greedy"], episodes["megatron_greedy"]
+    assert torch.equal(hf.response_ids_BT, megatron.response_ids_BT)
+    assert torch.equal(hf.response_mask_BT, megatron.response_mask_BT)
+    assert torch.equal(hf.extras["context_mask_BT"], megatron.extras["context_mask_BT"])
+    torch.testing.assert_close(hf.logprobs_BT, megatron.logprobs_BT, atol=LOGPROB_TOL, rtol=0)
+
+
+def test_the_trainers_teacher_forced_log_probs_of_the_models_tokens_match_the_engines(episodes):
+    gen = episodes["megatron_sampled"]
+    gap = (episodes["trainer_logprobs"] - gen.logprobs_BT).abs().max()
+    assert gap <= LOGPROB_TOL, gap
+
+
+def test_observation_tokens_have_no_gradient_in_any_policy_loss_term(episodes):
+    """The loss's gradient at an observation token is 0, and what lies there (old and reference
+    log-probs, advantages, importance weights) changes neither the loss nor any gradient."""
+    gen = episodes["megatron_sampled"]
+    policy = gen.response_mask_BT
+    observation = (gen.extras["context_mask_BT"] == 1) & (policy == 0)
+    algo = AlgorithmConfig(name="grpo", entropy_coef=0.1, kl_coef=0.2, kl_in_reward=False, tis_cap=2.0)
+    loss_fn = policy_loss_fn(algo, LIMITS.width)
+    gen_rng = torch.Generator().manual_seed(0)
+    base = {
+        k: torch.randn(policy.shape, generator=gen_rng)
+        for k in ("old_logprobs", "advantages", "ref_logprobs")
+    }
+    base["tis_weights"] = torch.rand(policy.shape, generator=gen_rng) + 0.5
+
+    def loss_and_grads(extras):
+        logp = torch.randn(policy.shape, generator=torch.Generator().manual_seed(1)).requires_grad_()
+        entropy = torch.rand(policy.shape, generator=torch.Generator().manual_seed(2)).requires_grad_()
+        mb = TrainBatch(
+            input_ids_BT=gen.response_ids_BT,
+            attention_mask_BT=gen.extras["context_mask_BT"].bool(),
+            response_mask_BT=policy.bool(),
+            extras=extras,
+            num_global_seqs=len(policy),
+            num_global_response_tokens=int(policy.sum()),
+        )
+        loss, _ = loss_fn(HeadOutputs(logprobs_BT=logp, entropy_BT=entropy), mb)
+        loss.backward()
+        return loss.detach(), logp.grad, entropy.grad
+
+    loss, grad_logp, grad_entropy = loss_and_grads(base)
+    assert grad_logp[policy == 1].abs().sum() > 0 and grad_entropy[policy == 1].abs().sum() > 0
+    assert torch.all(grad_logp[observation] == 0) and torch.all(grad_entropy[observation] == 0)
+    noise = {k: torch.where(observation, v + 100.0, v) for k, v in base.items()}
+    loss2, grad_logp2, grad_entropy2 = loss_and_grads(noise)
+    assert (
+        torch.equal(loss, loss2)
+        and torch.equal(grad_logp, grad_logp2)
+        and torch.equal(grad_entropy, grad_entropy2)
+    )
