@@ -30,13 +30,14 @@ class EnvHost:
         self.env_args, self.timeout_s = env_args, timeout_s
         self.live: dict[str, tuple[Any, int]] = {}
         """Episode id -> (its environment, how many of its actions it has taken)."""
+        self._threads: ThreadPoolExecutor | None = None
 
     def __call__(self, requests: list[dict[str, Any]], forget: list[str]) -> dict[str, Any]:
         """Replies by episode id - {"value": what reset/step returned} | {"error": {type, message,
         traceback}} | {"timeout": seconds per call, "calls": reset/step calls it was given} - and `stuck` when a step outlived its deadline."""
         for episode in forget:
             self.live.pop(episode, None)
-        threads = ThreadPoolExecutor(max_workers=max(1, len(requests)), thread_name_prefix="hpcrl-env")
+        threads = self._threads_for(len(requests))
         started = time.monotonic()
         futures = [(r, self._steps(r), threads.submit(self._advance, r)) for r in requests]
         replies, stuck = {}, False
@@ -47,8 +48,16 @@ class EnvHost:
             except FutureTimeout:
                 replies[request["id"]] = {"timeout": self.timeout_s, "calls": steps}
                 stuck = True
-        threads.shutdown(wait=not stuck, cancel_futures=True)
-        return {"replies": replies, "stuck": stuck}
+        return {"replies": replies, "stuck": stuck}  # stuck: the parent kills this process next
+
+    def _threads_for(self, count: int) -> ThreadPoolExecutor:
+        """A pool with a thread per request (kept across calls: starting threads per call costs more
+        than a fast environment's step)."""
+        if self._threads is None or self._threads._max_workers < count:
+            if self._threads is not None:
+                self._threads.shutdown(wait=True)
+            self._threads = ThreadPoolExecutor(max_workers=max(1, count), thread_name_prefix="hpcrl-env")
+        return self._threads
 
     def _steps(self, request: dict[str, Any]) -> int:
         """Calls this request makes: 1, or its whole history when its environment must be rebuilt."""

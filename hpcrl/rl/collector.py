@@ -126,17 +126,26 @@ class Collector:
     @torch.no_grad()
     def evaluate(self, step: int) -> dict[str, float]:
         """Greedy responses to the held-out prompts (current rollout weights), scored: `reward/heldout`,
-        the training reward's mean; for a mix, each term's mean as `reward/heldout_term/<source>` (a
+        the training reward's mean (an episode's: its environment's rewards too, and the means of the
+        numbers its environment reported as `reward/heldout_env/<key>`, e.g. the Calculator's success); for a mix, each term's mean as `reward/heldout_term/<source>` (a
         reward model's own held-out score, even at weight 0); with a task scorer, `reward/heldout_task`,
         the task rule's mean (what a reward model, another rule or a function stands in for, on responses
         no reward trained on)."""
         exp = self.generate_scored(self.heldout, self.sampling.greedy(), seed=self.seed + 10**6 + step)
+        if self.rollout.episodes is not None:
+            self.rollout.episodes.take_wait_s()  # the eval phase's, not the next step's generate
         result = self._score(exp.examples, exp.responses)
         scores_B, outcome = result.scores_B, self._outcome(exp)
         if outcome is not None:
             keep_B = outcome.keep_B & result.keep_B
             scores_B = (scores_B + outcome.returns_B)[keep_B]
         out = {HELDOUT: float(scores_B.mean())}
+        if outcome is not None:  # the environments' own numbers on held-out episodes (env/success, ...)
+            out |= {
+                f"{HELDOUT}_{key}": value
+                for key, value in outcome.metrics.items()
+                if key not in ("env/failed", "env/observation_cut")
+            }
         out |= {
             f"{HELDOUT}_term/{key.removeprefix(TERM_METRIC)}": value
             for key, value in result.metrics.items()
@@ -176,6 +185,9 @@ class Collector:
         seed = self.seed * 100_003 + step + attempt * 1_000_000_007
         with timer.phase("generate"):
             exp = self.generate_scored(examples, self.sampling, seed=seed)
+            if self.rollout.episodes is not None:
+                wait = self.rollout.episodes.take_wait_s()
+                timer.within["env_wait"] = timer.within.get("env_wait", 0.0) + wait
             exp.group_ids_B = (attempt * len(prompts) + torch.arange(len(prompts))).repeat_interleave(self.k)
             baseline_B = self._greedy_baseline(prompts, step) if self.greedy_baseline else None
         with timer.phase("reward"):

@@ -19,7 +19,9 @@ Shape legend: B = episodes, T = response_tokens (the episode width).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import torch
@@ -77,12 +79,25 @@ class _Episode:
 
 
 class EpisodeRunner:
-    """Runs batches of episodes against `pool` with an engine's generate."""
+    """Runs batches of episodes against `pool` with an engine's generate.
 
-    def __init__(self, pool: EnvPool, codec: EpisodeCodec, limits: EpisodeLimits):
-        self.pool, self.codec, self.limits = pool, codec, limits
+    With `interleave` (rollout.env_interleave), a batch's episodes are decoded in two halves that take
+    turns: while one half's environments step (in the pool's workers), the other half decodes its next
+    turn, so an environment's latency hides behind decoding instead of adding to it. Each episode's
+    tokens are the same either way for an engine that honours per-row seeds (the HF engine samples
+    from the process RNG, so its samples depend on the split)."""
+
+    def __init__(self, pool: EnvPool, codec: EpisodeCodec, limits: EpisodeLimits, interleave: bool = True):
+        self.pool, self.codec, self.limits, self.interleave = pool, codec, limits, interleave
         self._next_id = 0
         """Episode ids are unique over the pool's life (its workers key environments by them)."""
+        self.wait_s = 0.0
+        """Seconds spent blocked on environments (not decoding) since the last `take_wait_s`."""
+
+    def take_wait_s(self) -> float:
+        """Seconds blocked on environments since the last call (the step's env wait, time/env_wait_s)."""
+        wait, self.wait_s = self.wait_s, 0.0
+        return wait
 
     def run(
         self,
@@ -96,13 +111,20 @@ class EpisodeRunner:
         process RNG)."""
         first, self._next_id = self._next_id, self._next_id + len(prompt_ids)
         episodes = [_Episode(dict(ex), list(ids)) for ex, ids in zip(examples, prompt_ids, strict=True)]
-        self._observe(episodes, list(range(len(episodes))), first, 0)
+        every = list(range(len(episodes)))
+        self._apply(episodes, self._submit(episodes, every, first), 0)
+        halves = [every[0::2], every[1::2]] if self.interleave and len(every) > 1 else [every]
+        pending: dict[int, tuple] = {}
         for turn in range(1, self.limits.max_turns + 1):
-            running = [i for i, e in enumerate(episodes) if not e.done and self._room(e) > 0]
-            if not running:
-                break
-            self._generate_turn(episodes, running, generate, sampling, turn_seeds(turn), turn)
-            self._observe(episodes, running, first, turn)
+            for h, members in enumerate(halves):
+                if h in pending:  # this half's environments stepped while the other half decoded
+                    self._apply(episodes, *pending.pop(h))
+                running = [i for i in members if not episodes[i].done and self._room(episodes[i]) > 0]
+                if running:
+                    self._generate_turn(episodes, running, generate, sampling, turn_seeds(turn), turn)
+                    pending[h] = (self._submit(episodes, running, first), turn)
+        for submitted, turn in pending.values():
+            self._apply(episodes, submitted, turn)
         self.pool.forget(range(first, first + len(episodes)))
         return self._output(episodes)
 
@@ -122,10 +144,18 @@ class EpisodeRunner:
             e.append(ids, out.logprobs_BT[row, :n].tolist(), turn)
             e.actions.append(self.codec.decode([t for t in ids if t != self.codec.eos_id]))
 
-    def _observe(self, episodes: list[_Episode], indices: list[int], first: int, turn: int) -> None:
-        """Reset (turn 0) or step the environments of `indices`; append what they observe."""
-        requests = [EnvRequest(first + i, episodes[i].example, episodes[i].actions) for i in indices]
-        for i, result in zip(indices, self.pool.step(requests), strict=True):
+    def _submit(self, episodes: list[_Episode], indices: list[int], first: int) -> tuple[list[int], Future]:
+        """Start the reset (no actions yet) or the step of each episode of `indices`."""
+        requests = [EnvRequest(first + i, episodes[i].example, list(episodes[i].actions)) for i in indices]
+        return indices, self.pool.submit(requests)
+
+    def _apply(self, episodes: list[_Episode], submitted: tuple[list[int], Future], turn: int) -> None:
+        """Wait for the environments' results (counted as wait) and append what they observe."""
+        indices, future = submitted
+        start = time.perf_counter()
+        results = future.result()
+        self.wait_s += time.perf_counter() - start
+        for i, result in zip(indices, results, strict=True):
             e = episodes[i]
             if isinstance(result, EnvFailure):
                 e.error, e.done = result.message, True
@@ -221,4 +251,4 @@ def build_episode_runner(rollout: RolloutConfig, tokenizer) -> EpisodeRunner | N
         pad_id=tokenizer.pad_token_id,
     )
     limits = EpisodeLimits(rollout.max_turns, rollout.max_observation_tokens, rollout.response_tokens())
-    return EpisodeRunner(pool, codec, limits)
+    return EpisodeRunner(pool, codec, limits, interleave=rollout.env_interleave)

@@ -14,6 +14,9 @@ class PhaseTimer:
     seconds: dict[str, float] = field(default_factory=dict)
     peak_bytes: dict[str, int] = field(default_factory=dict)
     """CUDA only: the most GPU memory allocated during each phase (torch.cuda.max_memory_allocated)."""
+    within: dict[str, float] = field(default_factory=dict)
+    """Seconds of parts of a phase (env_wait: blocked on environments during generate): logged with
+    their share of the step, not added to it."""
 
     @contextmanager
     def phase(self, name: str):
@@ -39,6 +42,8 @@ def timing_metrics(timer: PhaseTimer, gen_tokens: int, train_tokens: int) -> dic
         out["tps/generate"] = gen_tokens / timer.seconds["generate"]
     if timer.seconds.get("train"):
         out["tps/train"] = train_tokens / timer.seconds["train"]
+    out |= {f"time/{k}_s": v for k, v in timer.within.items()}
+    out |= {f"share/{k}": v / total for k, v in timer.within.items()}
     out["time/step_s"] = total
     out |= {f"memory/{k}_peak_gib": v / 2**30 for k, v in timer.peak_bytes.items()}
     return out

@@ -63,6 +63,10 @@ class RolloutConfig:
     env_timeout_s: Annotated[float, Range(gt=0, le=86400)] = 30.0
     """Seconds one environment step may take; a slower one is killed (with its worker process) and
     fails its episode (reward.nan_policy decides: stop naming it, or skip the sample and count it)."""
+    env_interleave: bool = True
+    """Decode a batch's episodes in two halves that take turns, so one half's environment steps run
+    while the other half decodes (an environment's latency hides behind decoding); off: every episode
+    decodes its turn, then every environment steps."""
     env_workers: Annotated[int, Range(ge=1, le=1024)] = 2
     """Environment worker processes per generation replica; episodes step concurrently across them
     (and across threads within each)."""

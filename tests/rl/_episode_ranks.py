@@ -34,7 +34,7 @@ PROMPTS = ["412=", "07=", "9=", "3321="]
 LIMITS = EpisodeLimits(max_turns=3, max_observation_tokens=2, width=3 * (4 + 2))
 
 
-def episode_runner(tokenizer) -> EpisodeRunner:
+def episode_runner(tokenizer, interleave: bool = True) -> EpisodeRunner:
     pool = EnvPool(ECHO, timeout_s=30.0, env_args={"turns": 3})
     codec = EpisodeCodec(
         encode_observation=lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
@@ -42,7 +42,7 @@ def episode_runner(tokenizer) -> EpisodeRunner:
         eos_id=tokenizer.eos_token_id,
         pad_id=tokenizer.pad_token_id,
     )
-    return EpisodeRunner(pool, codec, LIMITS)
+    return EpisodeRunner(pool, codec, LIMITS, interleave=interleave)
 
 
 def prompts(tokenizer) -> tuple[list[list[int]], list[dict[str, str]]]:
@@ -83,6 +83,9 @@ def episodes_on_both_engines(rank: int, world: int) -> dict:
         "megatron_sampled": runner.run(engine.generate, prompt_ids, examples, sampled, seeds),
     }
     runner.pool.close()
+    one_batch = episode_runner(tokenizer, interleave=False)
+    out["megatron_sampled_one_batch"] = one_batch.run(engine.generate, prompt_ids, examples, sampled, seeds)
+    one_batch.pool.close()
     out["trainer_logprobs"] = teacher_forced(trainer, prompt_ids, out["megatron_sampled"], pad)
     return out
 

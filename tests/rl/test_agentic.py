@@ -37,12 +37,15 @@ def test_the_tool_template_trains_on_episodes_with_the_engines_log_probs(tmp_pat
         assert 1.0 <= r["env/turns"] <= 2.0 and r["env/failed"] == 0.0
         assert 0.0 <= r["env/tool_calls"] <= 1.0 and "env/success" in r
         assert r["mismatch/logprob_max"] <= 1e-5  # the trainer attends to the observations too
-    assert sum("reward/heldout" in r for r in rows) >= 2
+    heldout = [r for r in rows if "reward/heldout" in r]
+    assert len(heldout) >= 2 and all(0.0 <= r["reward/heldout_env/success"] <= 1.0 for r in heldout)
+    assert all(r["time/env_wait_s"] >= 0.0 and r["share/env_wait"] < 1.0 for r in steps)
 
 
 def test_an_environment_that_raises_stops_the_run_naming_it_or_is_skipped_and_counted(tmp_path, capsys):
     env = f"{ENVS}:RaisesOnSevens"
-    argv = ["run", TOOL, "--run_root", tmp_path, "--rollout.env", env, "--rollout.max_turns", "1"]
+    argv = ["run", TOOL, "--run_root", tmp_path, "--rollout.env", env, "--rollout.env_args", "{}"]
+    argv += ["--rollout.max_turns", "1"]
     argv += ["--algorithm.steps", "3", "--algorithm.eval_every", "0", "--algorithm.dynamic_sampling", "false"]
     with pytest.raises(EnvironmentFailed) as failed:  # a one-rank run raises in this process
         run_cli(capsys, *argv, *QUIET)

@@ -49,6 +49,15 @@ def test_every_engine_runs_the_same_greedy_episodes(episodes):
     torch.testing.assert_close(hf.logprobs_BT, megatron.logprobs_BT, atol=LOGPROB_TOL, rtol=0)
 
 
+def test_interleaved_halves_sample_the_episodes_one_batch_does(episodes):
+    """Per-(row, turn) seeds: decoding the batch in two interleaved halves (so environments step while
+    the other half decodes) changes no token of any episode."""
+    a, b = episodes["megatron_sampled"], episodes["megatron_sampled_one_batch"]
+    assert torch.equal(a.response_ids_BT, b.response_ids_BT)
+    assert torch.equal(a.extras["env_rewards_BT"], b.extras["env_rewards_BT"])
+    torch.testing.assert_close(a.logprobs_BT, b.logprobs_BT, atol=LOGPROB_TOL, rtol=0)
+
+
 def test_the_trainers_teacher_forced_log_probs_of_the_models_tokens_match_the_engines(episodes):
     gen = episodes["megatron_sampled"]
     gap = (episodes["trainer_logprobs"] - gen.logprobs_BT).abs().max()

@@ -197,7 +197,15 @@ def _environment_rules(cfg: ExperimentConfig) -> list[Problem]:
     defaults = RolloutConfig()
     return [
         Problem("only a multi-turn environment reads it (rollout.env is not set)", key=f"rollout.{key}")
-        for key in ("env_args", "max_turns", "max_observation_tokens", "max_episode_tokens")
+        for key in (
+            "env_args",
+            "max_turns",
+            "max_observation_tokens",
+            "max_episode_tokens",
+            "env_timeout_s",
+            "env_interleave",
+            "env_workers",
+        )
         if getattr(r, key) != getattr(defaults, key)
     ]
 
