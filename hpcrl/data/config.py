@@ -15,7 +15,8 @@ class DataConfig:
     source: Literal["builtin", "jsonl", "parquet", "hf_disk"] = "builtin"
     """builtin = a generated task (see `task`); else read `path`."""
     task: str = "copy_digits"
-    """Built-in task name (copy_digits, reverse_digits, add_digits, even_digits, zero_digits, reverse_exact,
+    """Built-in task name (copy_digits, reverse_digits, add_digits, add3_digits (three operands: the
+    multi-step tool task's), even_digits, zero_digits, reverse_exact,
     long_tail: hpcrl.data.tasks)."""
     path: str | None = None
     """Dataset file or directory for non-builtin sources."""

@@ -57,7 +57,8 @@ class Task:
             return sum(10**length for length in range(num_digits + 1))
         if self.name == "long_tail":  # at least the 10^44 digit strings of the longest prompts
             return 10**LONG_TAIL_MAX_DIGITS
-        return 100**num_digits if self.name == "add_digits" else 10**num_digits
+        operands = {"add_digits": 2, "add3_digits": 3}.get(self.name, 1)
+        return 10 ** (operands * num_digits)
 
 
 def _digits(rng: random.Random, n: int) -> str:
@@ -77,6 +78,11 @@ def _reverse(rng: random.Random, n: int) -> Example:
 def _add(rng: random.Random, n: int) -> Example:
     a, b = _digits(rng, n), _digits(rng, n)
     return Example(f"{a}+{b}=", str(int(a) + int(b)))
+
+
+def _add3(rng: random.Random, n: int) -> Example:
+    a, b, c = _digits(rng, n), _digits(rng, n), _digits(rng, n)
+    return Example(f"{a}+{b}+{c}=", str(int(a) + int(b) + int(c)))
 
 
 def _even(rng: random.Random, n: int) -> Example:
@@ -123,6 +129,7 @@ TASKS: dict[str, Task] = {
     "copy_digits": Task("copy_digits", "0123456789=", _copy, positional_score),
     "reverse_digits": Task("reverse_digits", "0123456789=", _reverse, positional_score),
     "add_digits": Task("add_digits", "0123456789+=", _add, positional_score),
+    "add3_digits": Task("add3_digits", "0123456789+=", _add3, positional_score),
     "even_digits": Task("even_digits", "0123456789=", _even, _even_score),
     "zero_digits": Task("zero_digits", "0123456789=", _zeros, positional_score),
     "reverse_exact": Task("reverse_exact", "0123456789=", _reverse, exact_score),

@@ -32,36 +32,44 @@ class Calculator:
         ask: str = "argument",
         latency_s: float = 0.0,
     ):
-        """Step rewards of the first call, shaping as those of verl's tool tasks (0 by default):
-        `call_reward` for making it, plus `match_reward` times its positional credit against the prompt's
-        own expression. `tool`: False answers every call `=?` (the same task and rewards without the
-        tool, the baseline of benchmarks/agentic.py)."""
+        """Step rewards of each call the problem needs, in order (a prompt of n operands needs n - 1),
+        shaping as those of verl's tool tasks (0 by default): `call_reward` for making it, plus
+        `match_reward` times its positional credit against the call it should be (`a+b`, then
+        `<a+b>+c`, ...). `tool`: False answers every call `=` (the same task and rewards without the
+        tool). `ask`: what call k computes - "argument" (what it says) or "prompt" (the sum of the
+        prompt's first k + 1 operands). `latency_s`: seconds each step sleeps (a sandbox's or a web
+        tool's latency)."""
+        if ask not in ("argument", "prompt"):
+            raise ValueError(f"ask must be 'argument' or 'prompt', not {ask!r}")
         self.call_reward, self.match_reward, self.tool, self.ask = call_reward, match_reward, tool, ask
         self.latency_s = latency_s
-        self.answer = self.expression = ""
+        self.answer = ""
+        self.operands: list[str] = []
         self.calls = 0
 
     def reset(self, example: dict) -> str:
         self.answer, self.calls = example["answer"], 0
-        self.expression = example["prompt"].removesuffix("=")
+        self.operands = example["prompt"].removesuffix("=").split("+")
         return ""
 
     def step(self, action: str) -> tuple[str, float, bool, dict]:
         time.sleep(self.latency_s)
-        expression = tag_call(action)
-        if expression is not None:
-            self.calls += 1
-            if self.ask == "prompt":
-                expression = self.expression
-            value = calculate(expression) if self.tool else None
-            first = self.calls == 1
-            match = positional_score(expression, self.expression)
-            reward = self.call_reward + self.match_reward * match if first else 0.0
-            return (
-                f"={'' if value is None else value}",
-                reward,
-                False,
-                {"tool_calls": self.calls, "success": 0.0},
-            )
-        info = {"tool_calls": self.calls, "success": float(action == self.answer)}
-        return "", positional_score(action, self.answer), True, info
+        argument = tag_call(action)
+        if argument is None:  # the answer
+            info = {"tool_calls": self.calls, "success": float(action == self.answer)}
+            return "", positional_score(action, self.answer), True, info
+        self.calls += 1
+        needed = self.calls < len(self.operands)
+        expected = self._call(self.calls) if needed else ""
+        expression = expected if self.ask == "prompt" else argument
+        value = calculate(expression) if self.tool and expression else None
+        reward = (
+            self.call_reward + self.match_reward * positional_score(argument, expected) if needed else 0.0
+        )
+        observation = f"={'' if value is None else value}"
+        return observation, reward, False, {"tool_calls": self.calls, "success": 0.0}
+
+    def _call(self, k: int) -> str:
+        """The k-th call the problem needs: the running sum so far plus the next operand."""
+        so_far = self.operands[0] if k == 1 else str(sum(int(x) for x in self.operands[:k]))
+        return f"{so_far}+{self.operands[k]}"

@@ -80,8 +80,8 @@ def test_a_fifo_or_a_directory_is_refused_without_blocking(tmp_path):
         ("--rollout.max_observation_tokens", "-1", "rollout.max_observation_tokens: out of range"),
         (
             "--model.max_position_embeddings",
-            "32",
-            "model.max_position_embeddings: max_prompt_length + an episode's tokens (rollout.response_tokens) = 38 exceeds the model's context 32",
+            "24",
+            "model.max_position_embeddings: max_prompt_length + an episode's tokens (rollout.response_tokens) = 28 exceeds the model's context 24",
         ),
     ],
 )

@@ -2,7 +2,12 @@
 (`hpcrl run`, one-step off-policy, async sharded checkpoints every 4 steps), 16 steps straight vs the same
 run SIGKILLed at a random step after a checkpoint and rerun. The checkpoint holds the batch generated with
 the previous weights and not yet trained, and the weight version: the resumed run trains on exactly that
-batch, so final parameters, AdamW state and every step's metrics are bitwise the uninterrupted run's."""
+batch, so final parameters, AdamW state and every step's metrics are bitwise the uninterrupted run's.
+
+Its samples are multi-turn episodes against the built-in Calculator (tool_async_exactly_once.yaml, which
+is grpo_async_exactly_once.yaml with an environment): the in-flight batch holds whole episodes, and the
+rerun's environments (fresh worker processes) give the same observations. The single-turn colocated path
+has its own exactly-once test (tests/recovery/test_exactly_once_grpo.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +20,7 @@ from tests.recovery._runs import (
     metric_rows,
 )
 
-TEMPLATE = TEMPLATES / "grpo_async_exactly_once.yaml"
+TEMPLATE = TEMPLATES / "tool_async_exactly_once.yaml"
 
 pytestmark = pytest.mark.dist
 
