@@ -2,15 +2,18 @@
 Calculator with 0 and 50 ms of latency per environment step (a sandbox's or a web tool's), one process
 each, wall clock; the figures are read from the run's metrics.jsonl.
 
-    python benchmarks/agentic.py [--steps 30] [--latency-ms 50] [any `hpcrl run` override]
+    python benchmarks/agentic.py [--steps 20] [--latency-ms 50] [--prompts 16,128] [any `hpcrl run` override]
 
 Per configuration: episodes/s = episodes generated / summed step time, env_wait = the share of step time
 the rollout spent blocked on environments (time/env_wait_s / time/step_s: neither decoding nor
-training). The 50 ms environments run twice: with rollout.env_interleave (the batch decoded in two
+training). The 50 ms environments run twice: with rollout.env_interleave true (the batch decoded in two
 halves that take turns, one half's environments stepping while the other decodes) and without (the
-baseline: every episode decodes its turn, then every environment steps). Prints a line per run, then
-`agentic: episodes/s=<x> env_wait=<share> (latency <L> ms, interleaved; not interleaved: episodes/s=<y>
-env_wait=<share>, speedup <x/y>)`.
+baseline: every episode decodes its turn, then every environment steps). Each runs at every
+`--prompts` count per step (x 8 samples: 128 and 1024 episodes by default): a half-batch's turn must
+take as long to decode as an environment step for the wait to hide behind it, and the tiny model
+decodes 64 episodes' turn in far less than 50 ms. Prints a line per run, then per prompt count
+`agentic: episodes/s=<x> env_wait=<share> (<n> episodes, latency <L> ms, interleaved; not interleaved:
+episodes/s=<y> env_wait=<share>, speedup <x/y>; 0 ms: episodes/s=<z>)`.
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ def run(steps: int, latency_s: float, interleave: bool, extra: list[str]) -> dic
         rows = [json.loads(line) for line in metrics.read_text().splitlines()]
     rows = [r for r in rows if "time/step_s" in r and r["step"] > 0]
     step_s = sum(r["time/step_s"] for r in rows)
-    episodes = sum(r.get("sampling/gen_batches", 1.0) for r in rows) * _episodes_per_batch(extra)
+    episodes = len(rows) * _episodes_per_batch(extra)  # dynamic sampling off: one rollout batch a step
     return {
         "episodes_per_s": episodes / step_s,
         "env_wait": sum(r.get("time/env_wait_s", 0.0) for r in rows) / step_s,
@@ -79,28 +82,41 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--latency-ms", type=float, default=50.0)
+    parser.add_argument("--prompts", default="16,128", help="prompts per step, comma separated")
     args, extra = parser.parse_known_args()
     latency = args.latency_ms / 1000
-    results = {}
-    for name, latency_s, interleave in (
-        ("0 ms", 0.0, True),
-        ("latency", latency, True),
-        ("latency, one batch", latency, False),
-    ):
-        results[name] = r = run(args.steps, latency_s, interleave, extra)
-        print(
-            f"{name:>20}: episodes/s={r['episodes_per_s']:.1f} env_wait={r['env_wait']:.3f} step={r['step_s'] * 1000:.0f} ms wall={r['wall_s']:.1f} s",
-            flush=True,
+    summaries = []
+    for prompts in [int(p) for p in args.prompts.split(",")]:
+        sized = [
+            *extra,
+            "--algorithm.prompts_per_step",
+            str(prompts),
+            "--algorithm.dynamic_sampling",
+            "false",
+        ]
+        results = {}
+        for name, latency_s, interleave in (
+            ("0 ms", 0.0, True),
+            ("latency", latency, True),
+            ("latency, one batch", latency, False),
+        ):
+            results[name] = r = run(args.steps, latency_s, interleave, sized)
+            print(
+                f"{_episodes_per_batch(sized):5d} episodes, {name:>18}: episodes/s={r['episodes_per_s']:.1f} "
+                f"env_wait={r['env_wait']:.3f} step={r['step_s'] * 1000:.0f} ms wall={r['wall_s']:.1f} s",
+                flush=True,
+            )
+        ours, base = results["latency"], results["latency, one batch"]
+        summaries.append(
+            f"agentic: episodes/s={ours['episodes_per_s']:.1f} env_wait={ours['env_wait']:.3f} "
+            f"({_episodes_per_batch(sized)} episodes, latency {args.latency_ms:g} ms, interleaved; not interleaved: "
+            f"episodes/s={base['episodes_per_s']:.1f} env_wait={base['env_wait']:.3f}, "
+            f"speedup {ours['episodes_per_s'] / base['episodes_per_s']:.2f}x; "
+            f"0 ms: episodes/s={results['0 ms']['episodes_per_s']:.1f})"
         )
-    ours, base = results["latency"], results["latency, one batch"]
-    print(
-        f"agentic: episodes/s={ours['episodes_per_s']:.1f} env_wait={ours['env_wait']:.3f} "
-        f"(latency {args.latency_ms:g} ms, interleaved; not interleaved: episodes/s={base['episodes_per_s']:.1f} "
-        f"env_wait={base['env_wait']:.3f}, speedup {ours['episodes_per_s'] / base['episodes_per_s']:.2f}x; "
-        f"0 ms: episodes/s={results['0 ms']['episodes_per_s']:.1f})"
-    )
+    print("\n".join(summaries))
     return 0
 
 

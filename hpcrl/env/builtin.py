@@ -31,6 +31,7 @@ class Calculator:
         tool: bool = True,
         ask: str = "argument",
         latency_s: float = 0.0,
+        display_digits: int = 0,
     ):
         """Step rewards of each call the problem needs, in order (a prompt of n operands needs n - 1),
         shaping as those of verl's tool tasks (0 by default): `call_reward` for making it, plus
@@ -38,11 +39,13 @@ class Calculator:
         `<a+b>+c`, ...). `tool`: False answers every call `=` (the same task and rewards without the
         tool). `ask`: what call k computes - "argument" (what it says) or "prompt" (the sum of the
         prompt's first k + 1 operands). `latency_s`: seconds each step sleeps (a sandbox's or a web
-        tool's latency)."""
+        tool's latency). `display_digits`: the calculator shows values zero-padded to this many digits
+        (a fixed-width display: `=0872`), and the answer is scored against the padded sum too (a
+        correct answer is the value, padded or not)."""
         if ask not in ("argument", "prompt"):
             raise ValueError(f"ask must be 'argument' or 'prompt', not {ask!r}")
         self.call_reward, self.match_reward, self.tool, self.ask = call_reward, match_reward, tool, ask
-        self.latency_s = latency_s
+        self.latency_s, self.display_digits = latency_s, display_digits
         self.answer = ""
         self.operands: list[str] = []
         self.calls = 0
@@ -56,8 +59,10 @@ class Calculator:
         time.sleep(self.latency_s)
         argument = tag_call(action)
         if argument is None:  # the answer
-            info = {"tool_calls": self.calls, "success": float(action == self.answer)}
-            return "", positional_score(action, self.answer), True, info
+            shown = self._shown(int(self.answer)) if self.answer.isdigit() else self.answer
+            right = action in (self.answer, shown)
+            info = {"tool_calls": self.calls, "success": float(right)}
+            return "", 1.0 if right else positional_score(action, shown), True, info
         self.calls += 1
         needed = self.calls < len(self.operands)
         expected = self._call(self.calls) if needed else ""
@@ -66,8 +71,11 @@ class Calculator:
         reward = (
             self.call_reward + self.match_reward * positional_score(argument, expected) if needed else 0.0
         )
-        observation = f"={'' if value is None else value}"
+        observation = f"={'' if value is None else self._shown(value)}"
         return observation, reward, False, {"tool_calls": self.calls, "success": 0.0}
+
+    def _shown(self, value: int) -> str:
+        return f"{value:0{self.display_digits}d}" if value >= 0 else str(value)
 
     def _call(self, k: int) -> str:
         """The k-th call the problem needs: the running sum so far plus the next operand."""

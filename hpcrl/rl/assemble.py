@@ -32,6 +32,7 @@ from hpcrl.metrics.logger import MetricsLogger
 from hpcrl.reshard.build import ENGINE_FAMILIES, build_reshard_engine
 from hpcrl.reshard.transport import make_groups
 from hpcrl.rewards.scoring import build_scorer, task_rule_scorer
+from hpcrl.rewards.terms import scores_nothing
 from hpcrl.rl.collector import Collector, CollectorSettings, PromptCodec
 from hpcrl.rl.driver import RLDriver
 from hpcrl.rl.episodes import build_episode_runner
@@ -233,7 +234,10 @@ def build_collector(
     )
     model = MegatronRewardScorer(reward_model, tokenizer) if reward_model is not None else None
     scorer = build_scorer(cfg.reward, cfg.data, model=model, environment=cfg.rollout.env is not None)
-    task_scorer = task_rule_scorer(cfg.reward, cfg.data)
+    # an environment that alone rewards (reward.name null) is the task's judge: its own numbers
+    # (reward/heldout_env/success) say how well it is solved, not the data task's rule on the last turn
+    environment_only = cfg.rollout.env is not None and scores_nothing(cfg.reward)
+    task_scorer = None if environment_only else task_rule_scorer(cfg.reward, cfg.data)
     return Collector(settings, rollout, codec, scorer, sampler, heldout, task_scorer)
 
 

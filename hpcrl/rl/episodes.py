@@ -251,4 +251,5 @@ def build_episode_runner(rollout: RolloutConfig, tokenizer) -> EpisodeRunner | N
         pad_id=tokenizer.pad_token_id,
     )
     limits = EpisodeLimits(rollout.max_turns, rollout.max_observation_tokens, rollout.response_tokens())
-    return EpisodeRunner(pool, codec, limits, interleave=rollout.env_interleave)
+    interleave = torch.cuda.is_available() if rollout.env_interleave is None else rollout.env_interleave
+    return EpisodeRunner(pool, codec, limits, interleave=interleave)

@@ -42,3 +42,16 @@ def test_asking_by_prompt_computes_the_running_sums_whatever_the_call_says():
 def test_an_unknown_way_to_ask_is_refused():
     with pytest.raises(ValueError, match="ask must be 'argument' or 'prompt'"):
         Calculator(ask="both")
+
+
+def test_a_fixed_width_display_pads_values_and_the_answer_is_right_padded_or_not():
+    env = Calculator(ask="prompt", display_digits=4)
+    env.reset({"prompt": "482+390=", "answer": "872"})
+    assert env.step("<|tool|>")[0] == "=0872"
+    assert env.step("0872")[1:3] == (1.0, True)
+    for answer, score, success in (("872", 1.0, 1.0), ("0871", 0.75, 0.0)):
+        env.reset({"prompt": "482+390=", "answer": "872"})
+        _, reward, done, info = env.step(answer)
+        assert (reward, done, info["success"]) == (score, True, success)
+    env.reset({"prompt": "reverse me", "answer": "em"})  # not a number: scored as it is
+    assert env.step("em")[1] == 1.0

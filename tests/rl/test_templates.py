@@ -13,7 +13,9 @@ TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
 GPU_RECIPES = sorted((TEMPLATES / "gpu").glob("*.yaml"))
 
 
-@pytest.mark.parametrize("name", ["grpo_tiny.yaml", "ppo_tiny.yaml"])
+@pytest.mark.parametrize(
+    "name", ["grpo_tiny.yaml", "ppo_tiny.yaml", "tool_tiny.yaml", "tool_chain_tiny.yaml"]
+)
 def test_cpu_templates_are_valid(name):
     cfg = resolve(TEMPLATES / name).elements[0].config
     assert config_problems(cfg, cfg.cluster.nodes * cfg.cluster.tasks_per_node) == []
