@@ -8,7 +8,10 @@ metrics.jsonl: the held-out success (greedy episodes on unseen prompts, the exac
 `reward/heldout_env/success`) and tool-call rate (`reward/heldout_env/tool_calls`) at the first and the
 last evaluation. Runs one after another, each with the machine to itself.
 
-    python benchmarks/tool_task.py [--seeds 0-4] [--variants tool,no_tool] [any `hpcrl run` override]
+    python benchmarks/tool_task.py [--template templates/tool_tiny.yaml] [--seeds 0-4]
+                                   [--variants tool,no_tool] [any `hpcrl run` override]
+
+(`--template templates/tool_chain_tiny.yaml`: the multi-step task.)
 
 Prints a row per run, then `tool_task: held-out success with the tool <median> (<k>/<n> seeds >= 0.9),
 without <median>; tool calls <first> -> <last>; median wall <s> s`. Exit 0 when every seed with the tool
@@ -33,13 +36,13 @@ TEMPLATE = REPO / "templates" / "tool_tiny.yaml"
 SUCCESS, CALLS = "reward/heldout_env/success", "reward/heldout_env/tool_calls"
 
 
-def _without_tool() -> list[str]:
-    """The template's environment arguments with `tool: false`."""
-    env_args = yaml.safe_load(TEMPLATE.read_text())["rollout"]["env_args"]
+def variant_args(template: Path, variant: str) -> list[str]:
+    """The overrides of a variant: none with the tool; the template's environment arguments with
+    `tool: false` without it."""
+    if variant == "tool":
+        return []
+    env_args = yaml.safe_load(template.read_text())["rollout"]["env_args"]
     return ["--rollout.env_args", json.dumps({**env_args, "tool": False})]
-
-
-VARIANTS = {"tool": [], "no_tool": _without_tool()}
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -49,11 +52,18 @@ def parse_seeds(text: str) -> list[int]:
     return [int(x) for x in text.split(",")]
 
 
-def run(seed: int, variant: str, extra: list[str], root: Path) -> dict:
-    command = [sys.executable, "-m", "hpcrl", "run", str(TEMPLATE), "--seed", str(seed)]
+def run(template: Path, seed: int, variant: str, extra: list[str], root: Path) -> dict:
+    command = [sys.executable, "-m", "hpcrl", "run", str(template), "--seed", str(seed)]
     command += ["--model.init_seed", str(1234 + seed), "--data.shuffle_seed", str(seed)]
     command += ["--run_root", str(root / f"{variant}{seed}"), "--logging.progress", "false"]
-    command += ["--logging.tensorboard", "false", "--logging.plot", "false", *VARIANTS[variant], *extra]
+    command += [
+        "--logging.tensorboard",
+        "false",
+        "--logging.plot",
+        "false",
+        *variant_args(template, variant),
+        *extra,
+    ]
     start = time.perf_counter()
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - start
@@ -74,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--template", type=Path, default=TEMPLATE)
     parser.add_argument("--seeds", default="0-4")
     parser.add_argument("--variants", default="tool,no_tool")
     args, extra = parser.parse_known_args(argv)
@@ -81,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="tool_task_") as tmp:
         for seed in parse_seeds(args.seeds):
             for variant, runs in results.items():
-                r = run(seed, variant, extra, Path(tmp))
+                r = run(args.template.resolve(), seed, variant, extra, Path(tmp))
                 runs.append(r)
                 print(
                     f"seed {seed} {variant:>7}: held-out success {r['success'][0]:.3f} -> {r['success'][1]:.3f}  "
