@@ -11,6 +11,7 @@ past `timeout_s`, dies or returns garbage fails its episode, never the pool.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -61,7 +62,11 @@ class EnvPool:
             )
             for _ in range(self.workers)
         ]
-        self._threads = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="hpcrl-env-pool")
+        # one thread per worker: a worker's calls are one at a time (one pipe), workers run side by side
+        self._threads = [
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"hpcrl-env-pool-{w}")
+            for w in range(self.workers)
+        ]
         self._forget: list[list[str]] = [[] for _ in range(self.workers)]
 
     def submit(self, requests: Sequence[EnvRequest]) -> Future:
@@ -70,19 +75,25 @@ class EnvPool:
         for i, request in enumerate(requests):
             by_worker[request.episode % self.workers].append(i)
         parts = [
-            (indices, self._threads.submit(self._call, w, [requests[i] for i in indices]))
+            (indices, self._threads[w].submit(self._call, w, [requests[i] for i in indices]))
             for w, indices in enumerate(by_worker)
             if indices
         ]
         out: Future = Future()
+        lock = threading.Lock()
 
         def gather(_done=None):
-            if all(f.done() for _, f in parts) and not out.done():
-                results: list[Any] = [None] * len(requests)
-                for indices, f in parts:
-                    for i, result in zip(indices, f.result(), strict=True):
-                        results[i] = result
-                out.set_result(results)
+            with lock:  # the last part to finish sets the result, once
+                if out.done() or not all(f.done() for _, f in parts):
+                    return
+                try:
+                    results: list[Any] = [None] * len(requests)
+                    for indices, f in parts:
+                        for i, result in zip(indices, f.result(), strict=True):
+                            results[i] = result
+                    out.set_result(results)
+                except BaseException as err:  # noqa: BLE001 - the waiting rank must see it, not hang
+                    out.set_exception(err)
 
         for _, f in parts:
             f.add_done_callback(gather)
@@ -105,7 +116,8 @@ class EnvPool:
     def close(self) -> None:
         for runner in self._runners:
             runner.close()
-        self._threads.shutdown(wait=True)
+        for threads in self._threads:
+            threads.shutdown(wait=True)
 
     def _call(
         self, worker: int, requests: list[EnvRequest], alone: bool = False
@@ -120,6 +132,8 @@ class EnvPool:
         wire = [{"id": str(r.episode), "example": r.example, "actions": list(r.actions)} for r in requests]
         try:
             reply = runner.call(wire, forget)
+        except OSError as err:  # the worker could not be started (argv too long, no processes left)
+            return [_failure(r, f"its worker could not start: {err}") for r in requests]
         except UserCodeError as err:  # killed past its deadline, died, or did not start
             if not alone:
                 return [result for r in requests for result in self._call(worker, [r], alone=True)]

@@ -40,15 +40,33 @@ def checked_step(value: Any) -> StepResult:
     observation, reward, done, *rest = value
     if not isinstance(observation, str):
         raise EnvOutputError(f"step returned observation {_what(observation)}, not a string")
-    if type(reward) not in (int, float) or not math.isfinite(reward):
+    if type(reward) not in (int, float) or not _finite(reward):
         raise EnvOutputError(f"step returned reward {_what(reward)}, not a finite number")
     if type(done) is not bool:
         raise EnvOutputError(f"step returned done {_what(done)}, not True or False")
     info = rest[0] if rest else {}
     if not isinstance(info, dict):
         raise EnvOutputError(f"step returned info {_what(info)}, not a dict")
-    numbers = {str(k)[:64]: float(v) for k, v in info.items() if type(v) in (int, float) and math.isfinite(v)}
+    numbers = {
+        str(k)[:64]: float(v)
+        for k, v in list(info.items())[:MAX_INFO_NUMBERS]
+        if type(v) in (int, float) and _finite(v) and str(k) not in RESERVED_INFO
+    }
     return StepResult(observation, float(reward), done, numbers)
+
+
+MAX_INFO_NUMBERS = 64
+"""The first this many entries of an info dict are read (each a metric: env/<key>)."""
+RESERVED_INFO = frozenset({"failed", "turns", "observation_cut"})
+"""Keys of hpcrl's own episode metrics (env/failed, ...): an info key of that name is ignored."""
+
+
+def _finite(value: int | float) -> bool:
+    """A number a float can hold (an int of 400 digits cannot: OverflowError), not NaN or inf."""
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
 
 
 def _what(value: Any) -> str:

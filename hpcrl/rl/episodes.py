@@ -19,6 +19,7 @@ Shape legend: B = episodes, T = response_tokens (the episode width).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -132,9 +133,10 @@ class EpisodeRunner:
         return self.limits.width - len(episode.tokens)
 
     def _generate_turn(self, episodes, running, generate, sampling, seeds, turn) -> None:
+        room = max(self._room(episodes[i]) for i in running)  # never decode past the episode's width
         out = generate(
             [episodes[i].context for i in running],
-            sampling,
+            dataclasses.replace(sampling, max_new_tokens=min(sampling.max_new_tokens, room)),
             None if seeds is None else [seeds[i] for i in running],
         )
         for row, i in enumerate(running):

@@ -17,6 +17,8 @@ class Echo:
         return ""
 
     def step(self, action):
+        if self.prompt.startswith("slow"):
+            time.sleep(0.3)
         self.taken += 1
         digit = [c for c in self.prompt if c.isdigit()][-1]
         return f"={self.taken}{digit}", 0.25, self.taken >= self.turns, {"taken": self.taken}
@@ -45,6 +47,12 @@ class Hostile:
             return "=1", float("nan"), True, {}
         if self.mode == "spam":
             print("x" * (1 << 20))
+        if self.mode == "huge":
+            return "=1", 10**400, True, {}
+        if self.mode == "info":
+            return "=1", 1.0, True, {"turns": 99.0, "calls": 2, **{f"k{i}": i for i in range(100)}}
+        if self.mode.startswith("slow"):
+            time.sleep(0.2)
         return "=1", 1.0, True, {}
 
 

@@ -49,6 +49,7 @@ def test_the_builtin_calculator_answers_calls_and_scores_the_answer():
         ("str", "observation int 42, not a string"),
         ("nan", "reward float nan, not a finite number"),
         ("exit", "its worker failed"),
+        ("huge", "reward int"),
     ],
 )
 def test_a_failing_step_fails_its_episode_naming_the_turn_and_prompt(hostile, mode, says):
@@ -96,6 +97,27 @@ def test_a_lost_environment_is_rebuilt_by_replaying_its_actions(tmp_path):
         pool.close()
 
 
-def test_output_of_an_environment_is_capped_and_does_not_fail_it(hostile):
+def test_a_megabyte_of_output_does_not_fail_a_step(hostile):
     [result] = hostile.step([EnvRequest(0, example("spam:0"), ["a"])])
     assert result == StepResult("=1", 1.0, True, {})
+
+
+def test_info_keys_of_hpcrls_own_metrics_are_ignored_and_at_most_64_are_read(hostile):
+    [result] = hostile.step([EnvRequest(0, example("info:0"), ["a"])])
+    assert "turns" not in result.info and result.info["calls"] == 2.0
+    assert len(result.info) == 63  # the first 64 entries, less the reserved "turns"
+
+
+def test_two_batches_for_one_worker_at_once_take_turns_and_get_their_own_replies():
+    """Interleaved halves may have a batch in flight on a worker when the next one for it comes (an
+    odd number of workers): each must get its own episodes' results."""
+    pool = EnvPool(f"{ENVS}:Echo", timeout_s=10.0, workers=3)
+    try:
+        first = [EnvRequest(0, example("slow:0")), EnvRequest(3, example("slow:3"))]  # worker 0, slow
+        second = [EnvRequest(6, example("6=")), EnvRequest(1, example("1="))]  # workers 0 and 1
+        assert pool.step(first + second) == [StepResult("")] * 4
+        step = [EnvRequest(r.episode, r.example, ["x"]) for r in first + second]
+        a, b = pool.submit(step[:2]), pool.submit(step[2:])  # b's worker-0 batch comes while a's runs
+        assert [r.observation for r in a.result() + b.result()] == ["=10", "=13", "=16", "=11"]
+    finally:
+        pool.close()

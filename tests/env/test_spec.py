@@ -78,6 +78,7 @@ def test_a_fifo_or_a_directory_is_refused_without_blocking(tmp_path):
         ("--rollout.env_timeout_s", "0", "rollout.env_timeout_s: out of range"),
         ("--rollout.env_workers", "0", "rollout.env_workers: out of range"),
         ("--rollout.max_observation_tokens", "-1", "rollout.max_observation_tokens: out of range"),
+        ("--algorithm.overlong_buffer_len", "2", "algorithm.overlong_buffer_len: DAPO's length penalty"),
         (
             "--model.max_position_embeddings",
             "24",

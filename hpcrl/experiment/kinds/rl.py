@@ -190,10 +190,14 @@ def _environment_rules(cfg: ExperimentConfig) -> list[Problem]:
     that only an environment reads."""
     r = cfg.rollout
     if r.env is not None:
-        return [
+        out = [
             Problem(f"{p.file}: {p.message}" if p.file else p.message, key=p.key)
             for p in environment_problems(r.env)
         ] + _env_args_problems(r.env_args)
+        if cfg.algorithm.overlong_buffer_len > 0:  # it counts one response against max_new_tokens
+            message = "DAPO's length penalty reads one response's length: not with rollout.env's episodes"
+            out.append(Problem(message, key="algorithm.overlong_buffer_len"))
+        return out
     defaults = RolloutConfig()
     return [
         Problem("only a multi-turn environment reads it (rollout.env is not set)", key=f"rollout.{key}")
