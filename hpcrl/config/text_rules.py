@@ -34,6 +34,7 @@ PATH_KEYS = frozenset(
         "data.path",
         "reward.model_path",
         "reward.function",
+        "rollout.env",
         "checkpoint.dir",
         "checkpoint.resume_from",
         "cluster.profile",

@@ -129,3 +129,12 @@ def test_env_args_must_be_keywords_and_finite(tmp_path, capsys, args, says):
     (tmp_path / "env.py").write_text(GOOD)
     code, _, err = run_cli(capsys, "expand", _template(tmp_path, "env.py:Env", f"  env_args: {args}\n"))
     assert code == 2 and f"rollout.env_args: {says}" in err, err
+
+
+@pytest.mark.parametrize(
+    "spec", ["env\n.py:Env", "env\x1b[2J.py:Env", "a" * 2000 + ".py:Env", "$(touch x).py:Env"]
+)
+def test_control_characters_overlong_and_shell_text_in_the_path_are_refused(tmp_path, capsys, spec):
+    code, _, err = run_cli(capsys, "expand", _template(tmp_path, "env.py:Env"), "--rollout.env", spec)
+    assert code == 2 and "rollout.env" in err and "\x1b" not in err, err
+    assert not (tmp_path / "x").exists() and not (Path.cwd() / "x").exists()  # nothing is run
