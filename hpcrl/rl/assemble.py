@@ -26,6 +26,7 @@ from hpcrl.data.sources import load_splits
 from hpcrl.data.tokenizer import encode_prompts, model_tokenizer
 from hpcrl.distributed.layout import ParallelLayout
 from hpcrl.distributed.placement import placement_of
+from hpcrl.env.replica import ReplicaGroup
 from hpcrl.errors import ConfigError, Problem
 from hpcrl.experiment.config import ExperimentConfig
 from hpcrl.metrics.logger import MetricsLogger
@@ -35,7 +36,7 @@ from hpcrl.rewards.scoring import build_scorer, task_rule_scorer
 from hpcrl.rewards.terms import scores_nothing
 from hpcrl.rl.collector import Collector, CollectorSettings, PromptCodec
 from hpcrl.rl.driver import RLDriver
-from hpcrl.rl.episodes import build_episode_runner
+from hpcrl.rl.episodes import build_episode_runner, generation_replica
 from hpcrl.rl.handoff import SideInputs, build_rollout_side
 from hpcrl.rl.learner import Learner, Models
 from hpcrl.rl.offpolicy.placement import async_placement_problems, build_async_driver
@@ -255,7 +256,9 @@ def _build_actor_and_rollout(
     layout = ParallelLayout.from_config(p)  # the actor pool's ranks are [0, layout.world_size)
     engine_name = rollout_engine_for(cfg)
     kind = ENGINES[engine_name]
-    reshard_groups = make_groups(layout, ENGINE_FAMILIES, timeout_s=p.timeout_s)  # every rank
+    # episodes on an engine without generation groups (SPMD vLLM at t_g > 1) need its replicas' groups
+    replicas = ("rollout_model_parallel",) if cfg.rollout.env and not kind.builds_on_generation_groups else ()
+    reshard_groups = make_groups(layout, ENGINE_FAMILIES + replicas, timeout_s=p.timeout_s)  # every rank
     generation_groups = (  # collective over every rank, like the reshard groups
         build_generation_groups(layout, timeout_s=p.timeout_s) if kind.builds_on_generation_groups else None
     )
@@ -296,9 +299,19 @@ def _build_actor_and_rollout(
         tokenizer.pad_token_id,
         sleep=side.sleep,
         max_num_seqs=None if kind.schedules_its_batches else cfg.rollout.max_num_seqs,
-        episodes=build_episode_runner(cfg.rollout, tokenizer),
+        episodes=build_episode_runner(
+            cfg.rollout, tokenizer, _episode_replica(generation_groups, reshard_groups)
+        ),
     )
     return actor, rollout, side.handoff
+
+
+def _episode_replica(generation_groups, reshard_groups: dict) -> ReplicaGroup | None:
+    """This rank's generation replica when it spans several ranks (its leader steps the environments)."""
+    if generation_groups is not None:
+        return generation_replica(generation_groups)
+    group = reshard_groups.get("rollout_model_parallel")
+    return None if group is None or group.handle is None else ReplicaGroup(group.handle, group.ranks[0])
 
 
 def _bucket_bytes(p) -> int:

@@ -26,8 +26,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 
 from hpcrl.env.pool import EnvFailure, EnvPool, EnvRequest
+from hpcrl.env.replica import ReplicaEnvPool, ReplicaGroup
 from hpcrl.rollout.base import GenerationOutput, SamplingParams
 from hpcrl.rollout.config import RolloutConfig
 
@@ -88,7 +90,13 @@ class EpisodeRunner:
     tokens are the same either way for an engine that honours per-row seeds (the HF engine samples
     from the process RNG, so its samples depend on the split)."""
 
-    def __init__(self, pool: EnvPool, codec: EpisodeCodec, limits: EpisodeLimits, interleave: bool = True):
+    def __init__(
+        self,
+        pool: EnvPool | ReplicaEnvPool,
+        codec: EpisodeCodec,
+        limits: EpisodeLimits,
+        interleave: bool = True,
+    ):
         self.pool, self.codec, self.limits, self.interleave = pool, codec, limits, interleave
         self._next_id = 0
         """Episode ids are unique over the pool's life (its workers key environments by them)."""
@@ -241,11 +249,19 @@ def last_turn_mask(turns_BT: torch.Tensor) -> torch.Tensor:
     return ((turns_BT == last_B) & (last_B > 0)).float()
 
 
-def build_episode_runner(rollout: RolloutConfig, tokenizer) -> EpisodeRunner | None:
-    """The episode runner of `rollout.env` with its pool of environment workers (None without one)."""
+def build_episode_runner(
+    rollout: RolloutConfig, tokenizer, replica: ReplicaGroup | None = None
+) -> EpisodeRunner | None:
+    """The episode runner of `rollout.env` with its pool of environment workers (None without one).
+    `replica`: the generation replica's ranks when it has several (t_g x p_g > 1): its leader alone
+    steps the environments and the others receive its results (hpcrl.env.replica)."""
     if rollout.env is None:
         return None
-    pool = EnvPool(rollout.env, rollout.env_timeout_s, rollout.env_workers, dict(rollout.env_args))
+    pool: EnvPool | ReplicaEnvPool | None = None
+    if replica is None or dist.get_rank() == replica.leader:
+        pool = EnvPool(rollout.env, rollout.env_timeout_s, rollout.env_workers, dict(rollout.env_args))
+    if replica is not None:
+        pool = ReplicaEnvPool(pool, replica)
     codec = EpisodeCodec(
         encode_observation=lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
         decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
@@ -255,3 +271,11 @@ def build_episode_runner(rollout: RolloutConfig, tokenizer) -> EpisodeRunner | N
     limits = EpisodeLimits(rollout.max_turns, rollout.max_observation_tokens, rollout.response_tokens())
     interleave = torch.cuda.is_available() if rollout.env_interleave is None else rollout.env_interleave
     return EpisodeRunner(pool, codec, limits, interleave=interleave)
+
+
+def generation_replica(groups) -> ReplicaGroup | None:
+    """The replica of megatron generation groups (hpcrl.train.model.build_generation_groups) when it spans
+    several ranks: t_g x p_g > 1."""
+    if groups is None or groups.tensor * groups.pipeline == 1:
+        return None
+    return ReplicaGroup(groups.mp, groups.rank_of(0, 0, groups.dp_rank))

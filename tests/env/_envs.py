@@ -85,3 +85,17 @@ class RaisesOnSevens:
         if self.prompt.startswith("7"):
             raise ValueError("sevens are not allowed")
         return "", float(action == self.answer), True, {}
+
+
+class RankBound:
+    """What a copy of it on each rank of a replica would disagree on: observation `=<RANK>` and, on any
+    rank but 0, a step that never returns (a timeout on one rank only)."""
+
+    def reset(self, example):
+        return ""
+
+    def step(self, action):
+        rank = os.environ.get("RANK", "?")
+        while rank != "0":
+            time.sleep(1)
+        return f"={rank}", 0.5, False, {}

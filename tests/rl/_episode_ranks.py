@@ -13,9 +13,16 @@ from hpcrl.env.pool import EnvPool
 from hpcrl.reshard.build import ENGINE_FAMILIES, build_reshard_engine
 from hpcrl.reshard.generation import GenerationStore
 from hpcrl.reshard.transport import make_groups
-from hpcrl.rl.episodes import EpisodeCodec, EpisodeLimits, EpisodeRunner
+from hpcrl.rl.episodes import (
+    EpisodeCodec,
+    EpisodeLimits,
+    EpisodeRunner,
+    build_episode_runner,
+    generation_replica,
+)
 from hpcrl.rl.handoff import ReshardHandoff
 from hpcrl.rollout.base import SamplingParams, left_pad, row_seeds
+from hpcrl.rollout.config import RolloutConfig
 from hpcrl.rollout.hf_engine import HFRolloutEngine, build_hf_causal_lm
 from hpcrl.rollout.megatron_engine import MegatronRolloutEngine
 from hpcrl.train.batch import TrainBatch
@@ -50,10 +57,8 @@ def prompts(tokenizer) -> tuple[list[list[int]], list[dict[str, str]]]:
     return ids, [{"prompt": p, "answer": ""} for p in PROMPTS]
 
 
-def episodes_on_both_engines(rank: int, world: int) -> dict:
-    """The same random weights in the megatron engine at t_g = world (resharded from a t = world
-    trainer) and in the HF engine: episodes against Echo, greedy and seeded; the trainer's
-    teacher-forced log-probs of the megatron episodes."""
+def _trainer_and_engine(rank: int, world: int):
+    """A t = world trainer with random weights, resharded into the megatron engine at t_g = world."""
     cfg = model_config()
     tokenizer = build_char_tokenizer(ALPHABET, cfg.vocab_size)
     layout = ParallelLayout(tensor=world, pipeline=1, data=1, rollout_tensor=world, rollout_pipeline=1)
@@ -66,10 +71,20 @@ def episodes_on_both_engines(rank: int, world: int) -> dict:
         groups=make_groups(layout, ENGINE_FAMILIES), bucket_bytes=64 << 20,
     )  # fmt: skip
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
-    engine = MegatronRolloutEngine.build(cfg, build_generation_groups(layout), pad, eos)
+    generation_groups = build_generation_groups(layout)
+    engine = MegatronRolloutEngine.build(cfg, generation_groups, pad, eos)
     store = GenerationStore.for_engine(reshard)
     store.bind(engine.global_params())
     ReshardHandoff(reshard, store=store).publish(0)
+    return cfg, tokenizer, trainer, full, engine, generation_groups
+
+
+def episodes_on_both_engines(rank: int, world: int) -> dict:
+    """The same random weights in the megatron engine at t_g = world (resharded from a t = world
+    trainer) and in the HF engine: episodes against Echo, greedy and seeded; the trainer's
+    teacher-forced log-probs of the megatron episodes."""
+    cfg, tokenizer, trainer, full, engine, _ = _trainer_and_engine(rank, world)
+    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
     hf = HFRolloutEngine(build_hf_causal_lm(cfg), pad, eos)
     hf.load_weights(megatron_to_hf_state_dict(full, cfg).items())
     runner = episode_runner(tokenizer)
@@ -101,3 +116,21 @@ def teacher_forced(trainer, prompt_ids, gen, pad: int) -> torch.Tensor:
         response_mask_BT=torch.cat([torch.zeros_like(keep_BP), gen.response_mask_BT.long()], dim=1).bool(),
     )
     return trainer.forward(batch, len(prompt_ids)).logprobs_BT[:, ids_BP.shape[1] :] * gen.response_mask_BT
+
+
+def episodes_of_one_replica(rank: int, world: int, spec: str) -> dict:
+    """Episodes at t_g = world against `spec`, built as the RL job builds them (build_episode_runner
+    with the replica of the generation groups): what each rank decoded and which ranks ran environment
+    workers."""
+    _, tokenizer, _, _, engine, generation_groups = _trainer_and_engine(rank, world)
+    rollout = RolloutConfig(
+        env=spec, max_turns=3, max_new_tokens=4, max_observation_tokens=4, env_timeout_s=1.0, env_workers=2
+    )
+    runner = build_episode_runner(rollout, tokenizer, generation_replica(generation_groups))
+    prompt_ids, examples = prompts(tokenizer)
+    seeds = lambda turn: row_seeds(11 + turn, 0, len(PROMPTS))  # noqa: E731
+    out = runner.run(engine.generate, prompt_ids, examples, SamplingParams(max_new_tokens=4), seeds)
+    pool = getattr(runner.pool, "pool", runner.pool)  # a ReplicaEnvPool's own EnvPool (None: a follower)
+    workers = pool.worker_pids() if pool is not None else []
+    runner.pool.close()
+    return {"out": out, "env_workers": len(workers)}

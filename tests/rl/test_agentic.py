@@ -42,6 +42,18 @@ def test_the_tool_template_trains_on_episodes_with_the_engines_log_probs(tmp_pat
     assert all(r["time/env_wait_s"] >= 0.0 and r["share/env_wait"] < 1.0 for r in steps)
 
 
+def test_at_tp2_the_replica_decodes_episodes_stepped_once_by_its_leader(tmp_path, capsys):
+    """t = t_g = 2 on the megatron engine: both ranks of the generation replica decode the episodes its
+    first rank's environments step (tests/rl/test_episodes.py shows the lockstep rank by rank)."""
+    argv = ["run", TOOL, "--run_root", tmp_path, "--algorithm.steps", "3", "--algorithm.eval_every", "0"]
+    layout = ["--parallel.tensor", "2", "--parallel.rollout_tensor", "2", "--cluster.tasks_per_node", "2"]
+    code, out, err = run_cli(capsys, *argv, *layout, "--rollout.engine", "megatron", *QUIET)
+    assert code == 0, err
+    steps = [r for r in _rows(out) if "env/turns" in r]
+    assert len(steps) == 3 and all(r["env/failed"] == 0.0 for r in steps)
+    assert all(r["mismatch/logprob_max"] <= 1e-5 for r in steps)
+
+
 def test_an_environment_that_raises_stops_the_run_naming_it_or_is_skipped_and_counted(tmp_path, capsys):
     env = f"{ENVS}:RaisesOnSevens"
     argv = ["run", TOOL, "--run_root", tmp_path, "--rollout.env", env, "--rollout.env_args", "{}"]

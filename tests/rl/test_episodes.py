@@ -3,6 +3,8 @@ the model's own tokens, observation tokens outside every loss term, rewards wher
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -11,9 +13,10 @@ from hpcrl.distributed.spawn import run_ranks
 from hpcrl.rl.objectives import policy_loss_fn
 from hpcrl.train.batch import TrainBatch
 from hpcrl.train.logprobs import HeadOutputs
-from tests.rl._episode_ranks import LIMITS, episodes_on_both_engines
+from tests.rl._episode_ranks import LIMITS, episodes_of_one_replica, episodes_on_both_engines
 
 pytestmark = pytest.mark.dist
+RANK_BOUND = f"{Path(__file__).resolve().parents[1] / 'env' / '_envs.py'}:RankBound"
 LOGPROB_TOL = 1e-5
 
 
@@ -104,3 +107,21 @@ def test_observation_tokens_have_no_gradient_in_any_policy_loss_term(episodes):
         and torch.equal(grad_logp, grad_logp2)
         and torch.equal(grad_entropy, grad_entropy2)
     )
+
+
+def test_a_replica_steps_its_environments_on_its_first_rank_only_and_every_rank_decodes_the_same():
+    """At t_g = 2 the two ranks of the replica decode in lockstep; a copy of RankBound on each would
+    disagree (its observation names its rank; on rank 1 it never returns, so rank 1 alone would end
+    every episode at its timeout and rank 0's next turn would wait on a TP peer that never comes). The
+    leader steps the environments and broadcasts; rank 1 starts no environment worker."""
+    first, second = run_ranks(episodes_of_one_replica, 2, RANK_BOUND, timeout_s=300)
+    a, b = first["out"], second["out"]
+    for name in ("response_ids_BT", "response_mask_BT", "logprobs_BT"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+    for name in ("context_mask_BT", "env_rewards_BT", "turns_BT"):
+        assert torch.equal(a.extras[name], b.extras[name]), name
+    assert a.extras["env_errors"] == b.extras["env_errors"] == [""] * 4
+    assert (first["env_workers"], second["env_workers"]) == (2, 0)  # rollout.env_workers=2
+    observed = a.response_ids_BT[(a.extras["context_mask_BT"] == 1) & (a.response_mask_BT == 0)]
+    assert observed.numel() > 0 and int(a.extras["turns_BT"].amax()) == 3
+    assert float(a.extras["env_rewards_BT"].sum()) == 4 * 3 * 0.5  # 0.5 per turn, 3 turns, 4 episodes

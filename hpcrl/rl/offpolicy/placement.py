@@ -31,7 +31,7 @@ from hpcrl.reshard.build import model_param_metas
 from hpcrl.reshard.cross_pool import plan_cross_pool
 from hpcrl.reshard.cross_pool_transfer import CrossPoolTransfer
 from hpcrl.rl.collector import Collector
-from hpcrl.rl.episodes import build_episode_runner
+from hpcrl.rl.episodes import build_episode_runner, generation_replica
 from hpcrl.rl.handoff import shard_loader
 from hpcrl.rl.learner import Learner, Models
 from hpcrl.rl.offpolicy.channel import BatchChannel
@@ -211,7 +211,7 @@ def build_rollout_side(
         groups.rollout_gather,
         tokenizer.pad_token_id,
         max_num_seqs=None if kind.schedules_its_batches else cfg.rollout.max_num_seqs,
-        episodes=build_episode_runner(cfg.rollout, tokenizer),
+        episodes=build_episode_runner(cfg.rollout, tokenizer, generation_replica(groups.engine)),
     )
     return rollout, DoubleBufferedWeights(groups.transfer, back, load)
 
