@@ -18,7 +18,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hpcrl.env.result import EnvOutputError, StepResult, checked_reset, checked_step
-from hpcrl.usercode.runner import DEFAULT_MEMORY_BYTES, UserCodeError, UserCodeRunner
+from hpcrl.usercode.runner import (
+    DEFAULT_MEMORY_BYTES,
+    UserCodeError,
+    UserCodeImportFailed,
+    UserCodeRunner,
+)
 
 HOST = "hpcrl.env.host:EnvHost"
 REPLY_GRACE_S = 10.0
@@ -33,6 +38,11 @@ class EnvRequest:
     episode: int
     example: dict[str, str]
     actions: Sequence[str] = ()
+
+
+class EnvironmentBroken(RuntimeError):
+    """The environment's module raises when a worker imports it: every episode would fail the same way,
+    so the run stops naming it, whatever reward.nan_policy says (skip would train on nothing)."""
 
 
 @dataclass(frozen=True)
@@ -134,6 +144,8 @@ class EnvPool:
             reply = runner.call(wire, forget)
         except OSError as err:  # the worker could not be started (argv too long, no processes left)
             return [_failure(r, f"its worker could not start: {err}") for r in requests]
+        except UserCodeImportFailed as err:  # every worker would fail alike: no episode can run
+            raise EnvironmentBroken(f"{self.spec}: the environment cannot start in a worker: {err}") from None
         except UserCodeError as err:  # killed past its deadline, died, or did not start
             if not alone:
                 return [result for r in requests for result in self._call(worker, [r], alone=True)]

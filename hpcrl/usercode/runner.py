@@ -67,6 +67,11 @@ class UserCodeDied(UserCodeError):
     """The worker ended without a reply (killed by a signal, the memory limit, os._exit)."""
 
 
+class UserCodeImportFailed(UserCodeDied):
+    """The worker could not import the function (or build it from `init_args`): it raised doing so, so
+    every worker started for it would too."""
+
+
 class _Worker:
     """One worker process and the pipes to it."""
 
@@ -248,9 +253,14 @@ class UserCodeRunner:
             raise UserCodeDied(f"{err}{self._tail(worker, 0)}") from None
         if ready is None or "ready" not in ready:
             worker.kill()
-            why = "did not import within" if ready is None else "failed to import"
-            detail = "" if ready is None else f": {ready['error']['type']}: {ready['error']['message']}"
-            raise UserCodeDied(f"{self.spec} {why} {self.start_timeout_s:g} s{detail}{self._tail(worker, 0)}")
+            if ready is None:
+                raise UserCodeDied(
+                    f"{self.spec} did not import within {self.start_timeout_s:g} s{self._tail(worker, 0)}"
+                )
+            error = ready["error"]
+            raise UserCodeImportFailed(
+                f"{self.spec} failed to import: {error['type']}: {error['message']}{self._tail(worker, 0)}"
+            )
         self._worker = worker
         return worker
 

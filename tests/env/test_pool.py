@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcrl.env.pool import EnvFailure, EnvPool, EnvRequest
+from hpcrl.env.pool import EnvFailure, EnvironmentBroken, EnvPool, EnvRequest
 from hpcrl.env.result import StepResult
 
 ENVS = Path(__file__).parent / "_envs.py"
@@ -118,3 +118,21 @@ def test_two_batches_for_one_worker_at_once_take_turns_and_get_their_own_replies
         assert [r.observation for r in a.result() + b.result()] == ["=10", "=13", "=16", "=11"]
     finally:
         pool.close()
+
+
+def test_an_environment_whose_module_raises_on_import_stops_the_batch_naming_it(tmp_path):
+    """Every episode would fail alike: the batch raises (the run stops), not one EnvFailure per episode."""
+    broken = tmp_path / "broken_env.py"
+    broken.write_text(
+        "import no_such_module_hpcrl\n\nclass Env:\n    def reset(self, e): ...\n    def step(self, a): ...\n"
+    )
+    pool = EnvPool(f"{broken}:Env", timeout_s=5.0, workers=2)
+    try:
+        future = pool.submit([EnvRequest(i, {"prompt": "1="}) for i in range(3)])
+        with pytest.raises(EnvironmentBroken) as info:
+            future.result()
+    finally:
+        pool.close()
+    message = str(info.value)
+    assert message.startswith(f"{broken}:Env: the environment cannot start in a worker")
+    assert "ModuleNotFoundError" in message and "no_such_module_hpcrl" in message

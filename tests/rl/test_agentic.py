@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from hpcrl.env.pool import EnvironmentBroken
 from hpcrl.rl.episodes import EnvironmentFailed
 from tests.cli_runs import run_cli
 
@@ -71,3 +72,28 @@ def test_an_environment_that_raises_stops_the_run_naming_it_or_is_skipped_and_co
     rows = _rows(out)
     assert sum(r["env/failed"] for r in rows) > 0
     assert all(r["env/failed"] == r["reward/skipped"] for r in rows)
+
+
+def test_an_environment_that_cannot_be_imported_stops_the_run_even_under_skip(tmp_path, capsys):
+    """`expand` checks the file without running it; its imports run first in the workers, and a module
+    that raises there would fail every episode: the run stops naming it, skip or not."""
+    env = tmp_path / "needs_a_package.py"
+    env.write_text(
+        "import no_such_package_hpcrl\n\n\nclass Env:\n    def reset(self, example):\n"
+        "        return ''\n\n    def step(self, action):\n        return '', 1.0, True, {}\n"
+    )
+    argv = ["run", TOOL, "--run_root", tmp_path / "runs", "--rollout.env", f"{env}:Env"]
+    argv += [
+        "--rollout.env_args",
+        "{}",
+        "--reward.nan_policy",
+        "skip",
+        "--algorithm.steps",
+        "2",
+        "--algorithm.eval_every",
+        "0",
+    ]
+    with pytest.raises(EnvironmentBroken) as broken:  # a one-rank run raises in this process
+        run_cli(capsys, *argv, *QUIET)
+    assert f"{env}:Env: the environment cannot start in a worker" in str(broken.value)
+    assert "ModuleNotFoundError: No module named 'no_such_package_hpcrl'" in str(broken.value)

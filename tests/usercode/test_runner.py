@@ -12,6 +12,7 @@ import pytest
 
 from hpcrl.usercode.runner import (
     UserCodeDied,
+    UserCodeImportFailed,
     UserCodeRaised,
     UserCodeRunner,
     UserCodeTimeout,
@@ -168,5 +169,5 @@ def test_a_worker_killed_from_outside_is_replaced(code):
 def test_a_function_that_cannot_be_imported_is_reported_with_its_error(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("import no_such_module_hpcrl\ndef f(x):\n    return x\n")
-    with pytest.raises(UserCodeDied, match="failed to import.*ModuleNotFoundError"):
+    with pytest.raises(UserCodeImportFailed, match="failed to import: ModuleNotFoundError"):
         UserCodeRunner(f"{bad}:f", timeout_s=5).call(0)
