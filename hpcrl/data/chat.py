@@ -166,6 +166,23 @@ def prompt_text(tokenizer, turns: Conversation) -> str:
     return render_text(tokenizer, turns, add_generation_prompt=True)
 
 
+CONTINUED = (Message("user", "x"), Message("assistant", "y"))
+"""A conversation whose rendering a continuation is taken after (`continuation_ids`)."""
+
+
+def continuation_ids(tokenizer, turns: Sequence[Message]) -> list[int]:
+    """Tokens that continue a conversation after an assistant turn with `turns` (e.g. a tool's reply),
+    through the generation prompt, so the model writes the next assistant turn: the rendering of
+    [..., assistant, *turns] (generation prompt on) less that of [..., assistant], as verl's multi-turn
+    rollouts take a turn's delta. A template that renders earlier turns differently once more follow (no
+    prefix property) raises ValueError: the delta would not be what the model reads."""
+    before = render_text(tokenizer, CONTINUED, add_generation_prompt=False)
+    after = render_text(tokenizer, (*CONTINUED, *turns), add_generation_prompt=True)
+    if not after.startswith(before):
+        raise ValueError("the chat template renders earlier turns differently when more follow")
+    return tokenizer(after[len(before) :], add_special_tokens=False)["input_ids"]
+
+
 def conversation_segments(tokenizer, conversation: Conversation) -> list[Segment]:
     """The conversation's tokens as segments: each assistant turn's (trained) and the rest (not). See the
     module docstring for the prefix rendering; a template without the prefix property raises ConfigError."""

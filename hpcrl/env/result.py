@@ -6,17 +6,23 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from hpcrl.data.chat import Message, conversation_problem
 from hpcrl.errors import short
 
 
 class EnvOutputError(ValueError):
-    """An environment returned something that is not (observation text, finite number, bool, dict)."""
+    """An environment returned something that is not (observation, finite number, bool, dict)."""
+
+
+Observation = str | tuple[Message, ...]
+"""Text (tokenized as it is), or chat messages (rendered by the model's chat template as the
+conversation's continuation, hpcrl.data.chat.continuation_ids)."""
 
 
 @dataclass(frozen=True)
 class StepResult:
-    observation: str
-    """Text shown to the model before its next turn (tokenized and appended; no loss on it)."""
+    observation: Observation
+    """Shown to the model before its next turn (tokenized and appended; no loss on it)."""
     reward: float = 0.0
     """Reward of the turn that led here; it lands on that turn's last token."""
     done: bool = False
@@ -26,9 +32,12 @@ class StepResult:
 
 
 def checked_reset(value: Any) -> StepResult:
-    """reset's observation; EnvOutputError when it is not text."""
+    """reset's observation; EnvOutputError when it is not text (the episode's opening turns are its
+    prompt, the data row's: messages there belong in the data, hpcrl.data.chat)."""
     if not isinstance(value, str):
-        raise EnvOutputError(f"reset returned {_what(value)}, not an observation string")
+        raise EnvOutputError(
+            f"reset returned {_what(value)}, not an observation string (a chat opening is the data's prompt)"
+        )
     return StepResult(value)
 
 
@@ -38,8 +47,7 @@ def checked_step(value: Any) -> StepResult:
     if not isinstance(value, list | tuple) or len(value) not in (3, 4):
         raise EnvOutputError(f"step returned {_what(value)}, not (observation, reward, done, info)")
     observation, reward, done, *rest = value
-    if not isinstance(observation, str):
-        raise EnvOutputError(f"step returned observation {_what(observation)}, not a string")
+    observation = _observation(observation)
     if type(reward) not in (int, float) or not _finite(reward):
         raise EnvOutputError(f"step returned reward {_what(reward)}, not a finite number")
     if type(done) is not bool:
@@ -55,6 +63,27 @@ def checked_step(value: Any) -> StepResult:
     return StepResult(observation, float(reward), done, numbers)
 
 
+def _observation(value: Any) -> Observation:
+    """step's observation: a string, or a list of {role, content} messages (none the assistant's: the
+    model writes those)."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise EnvOutputError(f"step returned observation {_what(value)}, not a string or a list of messages")
+    if len(value) > MAX_OBSERVATION_MESSAGES:
+        raise EnvOutputError(f"step returned {len(value)} messages (at most {MAX_OBSERVATION_MESSAGES})")
+    if not value:
+        return ""
+    problem = conversation_problem(value)
+    if problem is None and any(m["role"] == "assistant" for m in value):
+        problem = "an assistant message (the model writes the assistant's turns)"
+    if problem is not None:
+        raise EnvOutputError(f"step returned observation messages with {short(problem)}")
+    return tuple(Message(m["role"], m["content"]) for m in value)
+
+
+MAX_OBSERVATION_MESSAGES = 64
+"""Messages one step may return."""
 MAX_INFO_NUMBERS = 64
 """The first this many entries of an info dict are read (each a metric: env/<key>)."""
 RESERVED_INFO = frozenset({"failed", "turns", "observation_cut"})

@@ -28,8 +28,11 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from hpcrl.data.chat import continuation_ids
 from hpcrl.env.pool import EnvFailure, EnvPool, EnvRequest
 from hpcrl.env.replica import ReplicaEnvPool, ReplicaGroup
+from hpcrl.env.result import Observation
+from hpcrl.errors import ConfigError
 from hpcrl.rollout.base import GenerationOutput, SamplingParams
 from hpcrl.rollout.config import RolloutConfig
 
@@ -41,7 +44,7 @@ Generate = Callable[[Sequence[Sequence[int]], SamplingParams, "list[int] | None"
 class EpisodeCodec:
     """Text <-> tokens on the episode's side: observations in (no BOS), turns out (without EOS)."""
 
-    encode_observation: Callable[[str], list[int]]
+    encode_observation: Callable[[Observation], list[int]]
     decode: Callable[[list[int]], str]
     eos_id: int
     pad_id: int
@@ -249,6 +252,21 @@ def last_turn_mask(turns_BT: torch.Tensor) -> torch.Tensor:
     return ((turns_BT == last_B) & (last_B > 0)).float()
 
 
+def observation_ids(tokenizer, observation: Observation) -> list[int]:
+    """An observation's tokens: text as it is (no BOS), chat messages as the model's chat template
+    continues the conversation with them (hpcrl.data.chat.continuation_ids). Messages the tokenizer cannot
+    render stop the run: every episode would meet them."""
+    if isinstance(observation, str):
+        return tokenizer(observation, add_special_tokens=False)["input_ids"]
+    try:
+        return continuation_ids(tokenizer, observation)
+    except (ConfigError, ValueError) as err:
+        why = err.problems[0].message if isinstance(err, ConfigError) else str(err)
+        raise EnvironmentFailed(
+            f"the environment returned chat messages, which cannot be rendered: {why}"
+        ) from None
+
+
 def build_episode_runner(
     rollout: RolloutConfig, tokenizer, replica: ReplicaGroup | None = None
 ) -> EpisodeRunner | None:
@@ -263,7 +281,7 @@ def build_episode_runner(
     if replica is not None:
         pool = ReplicaEnvPool(pool, replica)
     codec = EpisodeCodec(
-        encode_observation=lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
+        encode_observation=lambda observation: observation_ids(tokenizer, observation),
         decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
         eos_id=tokenizer.eos_token_id,
         pad_id=tokenizer.pad_token_id,

@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hpcrl.data.chat import Message, conversation_segments
+from hpcrl.data.chat import Message, continuation_ids, conversation_segments, render_ids
 from hpcrl.data.config import DataConfig
 from hpcrl.data.sources import load_splits, read_examples
 from hpcrl.data.tasks import ALPHABET
@@ -192,3 +192,28 @@ def test_parquet_chat_prompts_as_verl_writes_them(tmp_path):
         ("<bos><|user|>0=<eos><|assistant|>", "0"),
         ("<bos><|user|>1=<eos><|assistant|>", "1"),
     ]
+
+
+OBSERVED = st.lists(st.tuples(st.sampled_from(["system", "user", "tool"]), DIGITS), min_size=1, max_size=3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(FIRST, TURNS, DIGITS, OBSERVED)
+def test_a_continuation_is_what_the_template_renders_after_an_assistant_turn(first, rest, answer, observed):
+    """Episode rows are built turn by turn: the conversation so far (through an assistant turn), then an
+    environment's messages as `continuation_ids`, must be the template's rendering of the whole
+    conversation with the generation prompt - token for token, so the model reads what it would read."""
+    so_far = [Message(*first), *(Message(*t) for t in rest), Message("assistant", answer)]
+    more = [Message(*t) for t in observed]
+    whole = render_ids(TOKENIZER, [*so_far, *more], add_generation_prompt=True)
+    assert (
+        render_ids(TOKENIZER, so_far, add_generation_prompt=False) + continuation_ids(TOKENIZER, more)
+        == whole
+    )
+
+
+def test_a_template_that_rewrites_earlier_turns_has_no_continuation():
+    tokenizer = build_char_tokenizer(ALPHABET, CHAT_VOCAB_SIZE + 4)
+    tokenizer.chat_template = "{{ messages | length }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    with pytest.raises(ValueError, match="renders earlier turns differently"):
+        continuation_ids(tokenizer, [Message("tool", "1")])

@@ -99,3 +99,22 @@ class RankBound:
         while rank != "0":
             time.sleep(1)
         return f"={rank}", 0.5, False, {}
+
+
+class ChatTool:
+    """Answers each turn with chat messages: a tool message `=<turn>` (and a user nudge when `nudge`),
+    reward 1 per turn, done after 2 turns."""
+
+    def __init__(self, nudge: bool = False):
+        self.nudge, self.taken = nudge, 0
+
+    def reset(self, example):
+        self.taken = 0
+        return ""
+
+    def step(self, action):
+        self.taken += 1
+        messages = [{"role": "tool", "content": f"={self.taken}"}]
+        if self.nudge:
+            messages.append({"role": "user", "content": "0"})
+        return messages, 1.0, self.taken >= 2, {}

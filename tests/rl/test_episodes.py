@@ -3,6 +3,7 @@ the model's own tokens, observation tokens outside every loss term, rewards wher
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -125,3 +126,58 @@ def test_a_replica_steps_its_environments_on_its_first_rank_only_and_every_rank_
     observed = a.response_ids_BT[(a.extras["context_mask_BT"] == 1) & (a.response_mask_BT == 0)]
     assert observed.numel() > 0 and int(a.extras["turns_BT"].amax()) == 3
     assert float(a.extras["env_rewards_BT"].sum()) == 4 * 3 * 0.5  # 0.5 per turn, 3 turns, 4 episodes
+
+
+CHAT_TOOL = f"{Path(__file__).resolve().parents[1] / 'env' / '_envs.py'}:ChatTool"
+
+
+@pytest.mark.parametrize("nudge", [False, True])
+def test_chat_message_observations_are_the_templates_continuation(nudge):
+    """An environment answering with chat messages: each observation's tokens are the chat template's
+    rendering of them after the model's turn, through the generation prompt (hpcrl.data.chat)."""
+    from hpcrl.data.chat import Message, continuation_ids
+    from hpcrl.data.tasks import ALPHABET
+    from hpcrl.data.tokenizer import CHAT_VOCAB_SIZE, build_char_tokenizer
+    from hpcrl.rl.episodes import build_episode_runner
+    from hpcrl.rollout.base import SamplingParams, row_seeds
+    from hpcrl.rollout.config import RolloutConfig
+    from hpcrl.rollout.hf_engine import HFRolloutEngine, build_hf_causal_lm
+    from tests.rollout._megatron_rank_fns import model_config
+
+    tokenizer = build_char_tokenizer(ALPHABET, CHAT_VOCAB_SIZE + 4)
+    cfg = dataclasses.replace(model_config(), vocab_size=CHAT_VOCAB_SIZE + 4, max_position_embeddings=64)
+    engine = HFRolloutEngine(build_hf_causal_lm(cfg), tokenizer.pad_token_id, tokenizer.eos_token_id)
+    rollout = RolloutConfig(
+        env=CHAT_TOOL, env_args={"nudge": nudge}, max_turns=2, max_new_tokens=3, max_observation_tokens=16
+    )
+    runner = build_episode_runner(rollout, tokenizer)
+    prompts = [
+        [tokenizer.bos_token_id, *tokenizer(p, add_special_tokens=False)["input_ids"]] for p in ["1=", "2="]
+    ]
+    try:
+        out = runner.run(engine.generate, prompts, [{"prompt": "1=", "answer": ""}] * 2,
+                         SamplingParams(max_new_tokens=3), lambda turn: row_seeds(turn, 0, 2))  # fmt: skip
+    finally:
+        runner.pool.close()
+    nudged = [Message("user", "0")] if nudge else []
+    expected = continuation_ids(tokenizer, [Message("tool", "=1"), *nudged])
+    observed = (out.extras["context_mask_BT"] == 1) & (out.response_mask_BT == 0)
+    for b in range(2):
+        assert out.response_ids_BT[b][observed[b]].tolist() == expected
+        assert out.extras["env_errors"][b] == "" and float(out.extras["env_rewards_BT"][b].sum()) == 2.0
+    assert tokenizer.decode(expected).startswith("<|tool|>=1")  # the tiny template: <|tool|>=1<eos>...
+    assert tokenizer.decode(expected).endswith("<|assistant|>")
+
+
+def test_chat_messages_for_a_tokenizer_without_a_chat_template_stop_the_run():
+    from hpcrl.data.chat import Message
+    from hpcrl.data.tasks import ALPHABET
+    from hpcrl.data.tokenizer import build_char_tokenizer
+    from hpcrl.rl.episodes import EnvironmentFailed, observation_ids
+
+    plain = build_char_tokenizer(ALPHABET, 16)  # too few ids for the role tokens: no chat template
+    assert observation_ids(plain, "=12") == plain("=12", add_special_tokens=False)["input_ids"]
+    with pytest.raises(
+        EnvironmentFailed, match="chat messages, which cannot be rendered: .*tokenizer has none"
+    ):
+        observation_ids(plain, (Message("tool", "=12"),))
