@@ -25,9 +25,15 @@ TRACEBACK_CHARS = 2000
 
 
 class EnvHost:
-    def __init__(self, spec: str, env_args: dict[str, Any], timeout_s: float):
+    def __init__(
+        self, spec: str, env_args: dict[str, Any], timeout_s: float, observation_chars: int = 1 << 16
+    ):
         self.make = load_function(spec)
         self.env_args, self.timeout_s = env_args, timeout_s
+        self.observation_chars = observation_chars
+        """An observation's text is cut to this many characters here, before it is sent: an environment
+        that returns megabytes must not make the rank read and tokenize them (the pool derives it from
+        rollout.max_observation_tokens, which cuts the tokens after)."""
         self.live: dict[str, tuple[Any, int]] = {}
         """Episode id -> (its environment, how many of its actions it has taken)."""
         self._threads: ThreadPoolExecutor | None = None
@@ -76,6 +82,7 @@ class EnvHost:
                 value = env.step(action)
                 taken += 1
             self.live[episode] = (env, taken)
+            value = cut_observation(value, bool(actions), self.observation_chars)
             json.dumps(value)  # a value the reply cannot carry fails this episode, not the batch
             return {"value": value}
         except BaseException as err:  # noqa: BLE001 - the user's code may raise anything
@@ -88,3 +95,22 @@ class EnvHost:
                     "traceback": trace,
                 }
             }
+
+
+def cut_observation(value: Any, is_step: bool, chars: int) -> Any:
+    """`value` (what reset or step returned) with its observation's text cut to `chars` characters in all
+    (a list of messages: each message's content in turn, the later ones emptied); anything else as it
+    is, for the parent's check to refuse."""
+    if is_step and isinstance(value, list | tuple) and value:
+        return [cut_observation(value[0], False, chars), *value[1:]]
+    if isinstance(value, str):
+        return value[:chars]
+    if isinstance(value, list) and all(
+        isinstance(m, dict) and isinstance(m.get("content"), str) for m in value
+    ):
+        left, out = chars, []
+        for message in value:
+            out.append({**message, "content": message["content"][:left]})
+            left -= len(out[-1]["content"])
+        return out
+    return value

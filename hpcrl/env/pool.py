@@ -26,6 +26,8 @@ from hpcrl.usercode.runner import (
 )
 
 HOST = "hpcrl.env.host:EnvHost"
+CHARS_PER_TOKEN = 32
+"""Characters of observation text kept per token kept (see EnvPool.observation_tokens)."""
 REPLY_GRACE_S = 10.0
 """How long past its steps' deadlines a worker may take to answer (starting Python, framing) before it is
 killed as a whole."""
@@ -61,6 +63,10 @@ class EnvPool:
     workers: int = 1
     env_args: dict[str, Any] = field(default_factory=dict)
     memory_bytes: int = DEFAULT_MEMORY_BYTES
+    observation_tokens: int = 1 << 12
+    """Tokens an observation keeps (rollout.max_observation_tokens): its text is cut in the worker to
+    CHARS_PER_TOKEN times that, more than those tokens span in any tokenizer, so the rank reads and
+    tokenizes a bounded text and still cuts (and counts, env/observation_cut) the tokens beyond."""
 
     def __post_init__(self):
         self._runners = [
@@ -68,7 +74,12 @@ class EnvPool:
                 HOST,
                 timeout_s=self.timeout_s,
                 memory_bytes=self.memory_bytes,
-                init_args=[self.spec, self.env_args, self.timeout_s],
+                init_args=[
+                    self.spec,
+                    self.env_args,
+                    self.timeout_s,
+                    CHARS_PER_TOKEN * self.observation_tokens,
+                ],
             )
             for _ in range(self.workers)
         ]

@@ -277,7 +277,13 @@ def build_episode_runner(
         return None
     pool: EnvPool | ReplicaEnvPool | None = None
     if replica is None or dist.get_rank() == replica.leader:
-        pool = EnvPool(rollout.env, rollout.env_timeout_s, rollout.env_workers, dict(rollout.env_args))
+        pool = EnvPool(
+            rollout.env,
+            rollout.env_timeout_s,
+            rollout.env_workers,
+            dict(rollout.env_args),
+            observation_tokens=rollout.max_observation_tokens,
+        )
     if replica is not None:
         pool = ReplicaEnvPool(pool, replica)
     codec = EpisodeCodec(

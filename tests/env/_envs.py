@@ -49,6 +49,15 @@ class Hostile:
             print("x" * (1 << 20))
         if self.mode == "huge":
             return "=1", 10**400, True, {}
+        if self.mode == "flood":
+            return "=" + "1" * (16 << 20), 1.0, True, {}
+        if self.mode == "flood_messages":
+            return (
+                [{"role": "tool", "content": "2" * (8 << 20)}, {"role": "user", "content": "3" * 99}],
+                1.0,
+                True,
+                {},
+            )
         if self.mode == "info":
             return "=1", 1.0, True, {"turns": 99.0, "calls": 2, **{f"k{i}": i for i in range(100)}}
         if self.mode.startswith("slow"):

@@ -3,13 +3,14 @@ the other episodes go on (rebuilt by replay when their worker had to be killed).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 from pathlib import Path
 
 import pytest
 
-from hpcrl.env.pool import EnvFailure, EnvironmentBroken, EnvPool, EnvRequest
+from hpcrl.env.pool import CHARS_PER_TOKEN, EnvFailure, EnvironmentBroken, EnvPool, EnvRequest
 from hpcrl.env.result import StepResult
 
 ENVS = Path(__file__).parent / "_envs.py"
@@ -136,3 +137,21 @@ def test_an_environment_whose_module_raises_on_import_stops_the_batch_naming_it(
     message = str(info.value)
     assert message.startswith(f"{broken}:Env: the environment cannot start in a worker")
     assert "ModuleNotFoundError" in message and "no_such_module_hpcrl" in message
+
+
+def test_an_observation_of_megabytes_is_cut_in_the_worker():
+    """16 MB of text (or of message content) leaves the worker as CHARS_PER_TOKEN x the tokens kept."""
+    pool = EnvPool(f"{ENVS}:Hostile", timeout_s=10.0, observation_tokens=4)
+    try:
+        requests = [
+            EnvRequest(i, {"prompt": f"{mode}:"}) for i, mode in enumerate(["flood", "flood_messages"])
+        ]
+        pool.step(requests)
+        text, messages = pool.step([dataclasses.replace(r, actions=["1"]) for r in requests])
+    finally:
+        pool.close()
+    assert text.observation == "=" + "1" * (4 * CHARS_PER_TOKEN - 1)
+    assert [(m.role, len(m.content)) for m in messages.observation] == [
+        ("tool", 4 * CHARS_PER_TOKEN),
+        ("user", 0),
+    ]
