@@ -55,6 +55,19 @@ def test_at_tp2_the_replica_decodes_episodes_stepped_once_by_its_leader(tmp_path
     assert all(r["mismatch/logprob_max"] <= 1e-5 for r in steps)
 
 
+def test_the_split_placement_runs_episodes_with_the_reference_on_its_own_pool(tmp_path, capsys):
+    """placement split (HybridFlow §4.1): actor + rollout with its environments on rank 0, the reference
+    on rank 1; the episodes' context mask reaches the reference's log-probs too (KL 0 at step 0)."""
+    argv = ["run", TOOL, "--run_root", tmp_path, "--algorithm.steps", "3", "--algorithm.eval_every", "0"]
+    split = ["--placement.kind", "split", "--cluster.tasks_per_node", "2", "--algorithm.kl_coef", "0.05"]
+    code, out, err = run_cli(capsys, *argv, *split, *QUIET)
+    assert code == 0, err
+    steps = [r for r in _rows(out) if "env/turns" in r]
+    assert len(steps) == 3 and all(r["env/failed"] == 0.0 for r in steps)
+    assert all(r["mismatch/logprob_max"] <= 1e-5 for r in steps)
+    assert abs(steps[0]["kl/ref"]) <= 1e-5  # at step 0 the reference scores the episodes as the actor does
+
+
 def test_an_environment_that_raises_stops_the_run_naming_it_or_is_skipped_and_counted(tmp_path, capsys):
     env = f"{ENVS}:RaisesOnSevens"
     argv = ["run", TOOL, "--run_root", tmp_path, "--rollout.env", env, "--rollout.env_args", "{}"]
