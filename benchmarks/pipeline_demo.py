@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpcrl.bench.seeds import seed_list
+
 REPO = Path(__file__).resolve().parents[1]
 NUMBER = r"(nan|-?inf|-?[\d.]+)"
 FIGURE = re.compile(rf"([\w/]+): {NUMBER} -> {NUMBER}")
@@ -53,14 +55,6 @@ class SeedRun:
 
     def last(self, stage: str, *metrics: str) -> float:
         return self.figure(stage, *metrics)[1]
-
-
-def parse_seeds(text: str) -> list[int]:
-    """ "0-4" or "0,3,7"."""
-    if "-" in text:
-        first, last = (int(x) for x in text.split("-", 1))
-        return list(range(first, last + 1))
-    return [int(x) for x in text.split(",")]
 
 
 def stage_figures(stdout: str) -> dict[tuple[str, str], tuple[float, float]]:
@@ -93,11 +87,11 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--pipeline", default="templates/pipelines/tiny.yaml")
-    parser.add_argument("--seeds", default="0-4")
+    parser.add_argument("--seeds", type=seed_list, default=seed_list("0-4"))
     args, extra = parser.parse_known_args(argv)
     runs = []
     with tempfile.TemporaryDirectory(prefix="pipeline_demo_") as tmp:
-        for seed in parse_seeds(args.seeds):
+        for seed in args.seeds:
             run = run_seed(args.pipeline, seed, extra, Path(tmp))
             sft, rm = run.last("sft", "sft/heldout_exact_match"), run.last("rm", "rm/heldout_accuracy")
             first, last = run.figure("rl", *TASK_SCORE)

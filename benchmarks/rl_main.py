@@ -31,6 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from hpcrl.bench.records import Record, write_records  # noqa: E402
+from hpcrl.bench.seeds import seed_list  # noqa: E402
 from hpcrl.experiment.resolve import resolve  # noqa: E402
 from hpcrl.experiment.stage_kinds import stage_of  # noqa: E402
 
@@ -47,14 +48,6 @@ class SeedRun:
     final_heldout: float
     curve: list[tuple[int, float, float]]
     """(step, seconds since launch, held-out reward)."""
-
-
-def parse_seeds(text: str) -> list[int]:
-    """ "0-9" or "0,3,7"."""
-    if "-" in text:
-        first, last = (int(x) for x in text.split("-", 1))
-        return list(range(first, last + 1))
-    return [int(x) for x in text.split(",")]
 
 
 def run_seed(template: str, seed: int, extra: list[str], heldout: str) -> SeedRun:
@@ -92,7 +85,7 @@ def summary(runs: list[SeedRun]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--template", default="templates/grpo_tiny.yaml")
-    parser.add_argument("--seeds", default="0-9", help='"0-9" or "0,3,7"')
+    parser.add_argument("--seeds", type=seed_list, default=seed_list("0-9"), help='"0-9" or "0,3,7"')
     parser.add_argument("--results-dir", default=str(Path.cwd() / "results"))
     # anything else is passed to `hpcrl run`, e.g. --algorithm.steps 300
     args, overrides = parser.parse_known_args(argv)
@@ -103,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.template}: {'seed':>4}{'to 0.9 (s)':>12}{'final':>8}{'total (s)':>11}  ({stage.headline.heldout})"
     )
     runs = []
-    for seed in parse_seeds(args.seeds):
+    for seed in args.seeds:
         run = run_seed(args.template, seed, overrides, stage.headline.heldout)
         runs.append(run)
         reached = f"{run.reached_s:.1f}" if run.reached_s is not None else "never"

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import yaml
 
+from hpcrl.bench.seeds import seed_list
+
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATE = REPO / "templates" / "tool_tiny.yaml"
 SUCCESS, CALLS = "reward/heldout_env/success", "reward/heldout_env/tool_calls"
@@ -43,13 +45,6 @@ def variant_args(template: Path, variant: str) -> list[str]:
         return []
     env_args = yaml.safe_load(template.read_text())["rollout"]["env_args"]
     return ["--rollout.env_args", json.dumps({**env_args, "tool": False})]
-
-
-def parse_seeds(text: str) -> list[int]:
-    if "-" in text:
-        first, last = (int(x) for x in text.split("-", 1))
-        return list(range(first, last + 1))
-    return [int(x) for x in text.split(",")]
 
 
 def run(template: Path, seed: int, variant: str, extra: list[str], root: Path) -> dict:
@@ -85,12 +80,12 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--template", type=Path, default=TEMPLATE)
-    parser.add_argument("--seeds", default="0-4")
+    parser.add_argument("--seeds", type=seed_list, default=seed_list("0-4"))
     parser.add_argument("--variants", default="tool,no_tool")
     args, extra = parser.parse_known_args(argv)
     results: dict[str, list[dict]] = {v: [] for v in args.variants.split(",")}
     with tempfile.TemporaryDirectory(prefix="tool_task_") as tmp:
-        for seed in parse_seeds(args.seeds):
+        for seed in args.seeds:
             for variant, runs in results.items():
                 r = run(args.template.resolve(), seed, variant, extra, Path(tmp))
                 runs.append(r)
