@@ -124,7 +124,7 @@ def episodes_of_one_replica(rank: int, world: int, spec: str) -> dict:
     workers."""
     _, tokenizer, _, _, engine, generation_groups = _trainer_and_engine(rank, world)
     rollout = RolloutConfig(
-        env=spec, max_turns=3, max_new_tokens=4, max_observation_tokens=4, env_timeout_s=1.0, env_workers=2
+        env=spec, max_turns=3, max_new_tokens=4, max_observation_tokens=4, env_timeout_s=30.0, env_workers=2
     )
     runner = build_episode_runner(rollout, tokenizer, generation_replica(generation_groups))
     prompt_ids, examples = prompts(tokenizer)
